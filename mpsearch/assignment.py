@@ -1,0 +1,262 @@
+"""Per-node precision assignments: validation, model size and estimated latency without building.
+
+Consumes a :class:`~mpsearch.graph.ModelGraph`, a :class:`~mpsearch.profiles.HardwareProfile` and
+a mapping ``node name -> format name``; produces a validated, complete :class:`Assignment`
+(every node gets a format; unassigned nodes take the profile's float format), its model size in
+bytes (exactly what the exported QDQ file's initializers hold) and its latency estimated from the
+profile's cost model.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+import numpy as np
+
+from mpsearch.errors import QuantizationError
+from mpsearch.graph import ModelGraph, Node
+from mpsearch.profiles import Format, HardwareProfile, TensorFormat
+from mpsearch.summary import ModelSummary
+
+__all__ = [
+    "Assignment",
+    "ActivationSpec",
+    "NodePlan",
+    "plan_nodes",
+    "estimate_latency",
+    "load_assignment",
+    "make_assignment",
+    "model_size",
+    "uniform_assignment",
+]
+
+_BYTES = {"int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "float32": 4,
+          "float16": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment(Mapping[str, str]):
+    """A complete node -> format mapping, validated against a graph and a profile."""
+
+    formats: Mapping[str, str]
+
+    def __getitem__(self, node: str) -> str:
+        return self.formats[node]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.formats)
+
+    def __len__(self) -> int:
+        return len(self.formats)
+
+    def key(self) -> str:
+        """A stable text key (used to cache results by assignment)."""
+        return json.dumps(dict(sorted(self.formats.items())), separators=(",", ":"))
+
+    def to_dict(self) -> dict[str, str]:
+        return dict(self.formats)
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationSpec:
+    """How one activation tensor is quantized where a node reads or writes it.
+
+    ``range_of`` names the tensor whose calibrated range sets the scale (the tensor itself, or
+    the node's output when the profile makes the node's inputs share one scale); ``fixed`` is
+    the (scale, zero_point) a profile imposes. Hashable: equal specs share one Q/DQ pair.
+    """
+
+    dtype: str
+    symmetric: bool
+    scale: str
+    range_of: str
+    fixed: tuple[float, int] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodePlan:
+    """What quantizing one node stores and inserts (shared by the builder and the size)."""
+
+    node: Node
+    fmt: Format
+    inputs: tuple[tuple[str, ActivationSpec], ...]
+    constants: tuple[tuple[str, ActivationSpec], ...]
+    weights: tuple[tuple[str, TensorFormat], ...]
+    bias: str | None
+    outputs: tuple[tuple[str, ActivationSpec], ...]
+
+
+def make_assignment(
+    graph: ModelGraph, profile: HardwareProfile, formats: Mapping[str, str]
+) -> Assignment:
+    """Validate ``formats`` (node -> format) and complete it with the float format.
+
+    Raises :class:`QuantizationError` for an unknown node or a format the profile forbids there.
+    """
+    unknown = [n for n in formats if n not in graph.nodes]
+    if unknown:
+        hint = difflib.get_close_matches(unknown[0], list(graph.nodes), n=1)
+        did_you_mean = f"; did you mean '{hint[0]}'?" if hint else ""
+        raise QuantizationError(
+            f"assignment names {len(unknown)} node(s) not in {graph.name}: "
+            f"'{unknown[0]}'{did_you_mean} (see `mpsearch summary` for node names)"
+        )
+    complete: dict[str, str] = {}
+    for name, node in graph.nodes.items():
+        allowed = profile.formats_for_node(node)
+        chosen = formats.get(name, profile.default_format)
+        if chosen not in allowed:
+            raise QuantizationError(
+                f"profile '{profile.name}' does not allow format '{chosen}' for {node.op_type} "
+                f"node '{name}'; allowed: {', '.join(allowed)}"
+            )
+        complete[name] = chosen
+    return Assignment(MappingProxyType(complete))
+
+
+def uniform_assignment(graph: ModelGraph, profile: HardwareProfile, fmt: str) -> Assignment:
+    """Every node that allows ``fmt`` gets it; the others keep the float format."""
+    profile.format(fmt)  # raises a clear error for an unknown format name
+    formats = {n.name: fmt for n in graph.nodes.values() if fmt in profile.formats_for_node(n)}
+    return make_assignment(graph, profile, formats)
+
+
+def load_assignment(
+    path: str | os.PathLike[str], graph: ModelGraph, profile: HardwareProfile
+) -> Assignment:
+    """Read a JSON object ``{node: format}`` (or ``{"assignment": {...}}``) and validate it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise QuantizationError(f"{path}: cannot read the assignment JSON ({e}); "
+                                "write it as {\"node name\": \"format\"}") from e
+    if isinstance(data, dict) and isinstance(data.get("assignment"), dict):
+        data = data["assignment"]
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise QuantizationError(f"{path}: the assignment must be a JSON object mapping node "
+                                "names to format names")
+    return make_assignment(graph, profile, data)
+
+
+def _is_quantized(fmt: Format) -> bool:
+    return not (fmt.activation.dtype == "float32" and fmt.weight.dtype == "float32")
+
+
+def plan_nodes(
+    graph: ModelGraph, profile: HardwareProfile, assignment: Mapping[str, str]
+) -> tuple[NodePlan, ...]:
+    """The quantized nodes of ``assignment`` in topological order, with what each stores."""
+    plans = []
+    for node in graph.nodes.values():
+        fmt = profile.format(assignment.get(node.name, profile.default_format))
+        if not node.quantizable or not _is_quantized(fmt):
+            continue
+        rule = profile.op_rule(node.op_type)
+        act = fmt.activation
+        shared = rule is not None and rule.same_input_scale and bool(node.outputs)
+        inputs, constants = [], []
+        for tensor in node.activation_inputs:
+            spec = ActivationSpec(act.dtype, act.symmetric, act.scale,
+                                  node.outputs[0] if shared else tensor)
+            if tensor in graph.initializers:
+                if graph.initializers[tensor].dtype == np.float32:
+                    constants.append((tensor, spec))
+            elif graph.is_float(tensor):
+                inputs.append((tensor, spec))
+        fixed = profile.fixed_qparams(node.op_type, fmt.name)
+        outputs = tuple(
+            (t, ActivationSpec(act.dtype, act.symmetric, act.scale, t, fixed))
+            for t in node.outputs if t and graph.is_float(t)
+        )
+        weight_fmt = profile.weight_format(node.op_type, fmt.name)
+        plans.append(NodePlan(
+            node=node, fmt=fmt, inputs=tuple(inputs), constants=tuple(constants),
+            weights=tuple((w, weight_fmt) for w in node.weights),
+            bias=node.bias if fmt.bias == "int32" and node.weights else None,
+            outputs=outputs,
+        ))
+    return tuple(plans)
+
+
+def weight_channels(
+    graph: ModelGraph, profile: HardwareProfile, node: Node, weight: str, fmt: TensorFormat
+) -> tuple[int, int | None]:
+    """(number of scales, axis or None) used to store ``weight`` of ``node`` in ``fmt``."""
+    array = graph.initializers[weight]
+    if fmt.is_float or fmt.granularity != "per_channel" or array.ndim < 2:
+        return 1, None
+    axis = fmt.axis if fmt.axis is not None else profile.weight_axis(
+        node.op_type, node.attributes, weight_rank=array.ndim)
+    axis %= array.ndim
+    return int(array.shape[axis]), axis
+
+
+def model_size(graph: ModelGraph, profile: HardwareProfile, assignment: Mapping[str, str]) -> int:
+    """Bytes of the initializers of the QDQ model ``assignment`` builds (without building it)."""
+    plans = plan_nodes(graph, profile, assignment)
+    planned = {p.node.name: p for p in plans}
+    stored: dict[object, int] = {}
+    float_used: set[str] = set()
+    for node in graph.nodes.values():
+        plan = planned.get(node.name)
+        replaced: set[str] = set()
+        if plan is not None:
+            for weight, fmt in plan.weights:
+                channels, _ = weight_channels(graph, profile, node, weight, fmt)
+                size = graph.initializers[weight].size * _BYTES[fmt.dtype]
+                extra = 0 if fmt.is_float else channels * (4 + _BYTES[fmt.dtype])
+                stored[(weight, fmt)] = size + extra
+            for tensor, spec in plan.constants:
+                size = graph.initializers[tensor].size * _BYTES[spec.dtype]
+                stored[(tensor, spec)] = size + (0 if _float(spec) else 4 + _BYTES[spec.dtype])
+            if plan.bias is not None:
+                stored[(plan.bias, node.name)] = graph.initializers[plan.bias].size * 12
+            for tensor, spec in (*plan.inputs, *plan.outputs):
+                stored[(tensor, spec)] = 0 if _float(spec) else 4 + _BYTES[spec.dtype]
+            replaced = {w for w, _ in plan.weights} | {t for t, _ in plan.constants}
+            replaced |= {plan.bias} if plan.bias else set()
+        float_used.update(t for t in node.inputs if t in graph.initializers and t not in replaced)
+    floats = sum(int(graph.initializers[t].nbytes) for t in float_used)
+    return floats + sum(stored.values())
+
+
+def _float(spec: ActivationSpec) -> bool:
+    return spec.dtype.startswith("float")
+
+
+def estimate_latency(
+    graph: ModelGraph,
+    summary: ModelSummary,
+    profile: HardwareProfile,
+    assignment: Mapping[str, str],
+) -> float | None:
+    """Relative latency from the profile's cost model: sum of FLOPs x format cost, plus a cost
+    per precision transition between a producer and a consumer. None where a figure is unknown.
+    """
+    flops = {row.name: max(row.flops, 1) for row in summary.nodes}
+    total = 0.0
+    for node in graph.nodes.values():
+        name = assignment.get(node.name, profile.default_format)
+        cost = profile.relative_cost(node.op_type, name, float(flops.get(node.name, 1)))
+        if cost is None:
+            return None
+        total += cost
+    transition = profile.transition_cost
+    if transition:
+        for node in graph.nodes.values():
+            mine = assignment.get(node.name, profile.default_format)
+            for tensor in node.outputs:
+                for consumer in graph.consumers(tensor):
+                    if assignment.get(consumer, profile.default_format) != mine:
+                        total += transition * float(np.prod(_known(graph.shapes.get(tensor))))
+    return total
+
+
+def _known(shape: tuple[int | str | None, ...] | None) -> tuple[int, ...]:
+    return tuple(d if isinstance(d, int) and d > 0 else 1 for d in (shape or ()))

@@ -1,0 +1,51 @@
+"""Errors that speak to the user.
+
+Every error mpsearch raises for bad input is an :class:`MpsearchError`. Its message is one line
+that names the file (or object), the problem and the fix, so the CLI can print it as is and exit
+with status 2.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CalibrationError",
+    "DataError",
+    "ModelError",
+    "MpsearchError",
+    "ProfileError",
+    "QuantizationError",
+    "SearchError",
+    "SpecError",
+]
+
+
+class MpsearchError(Exception):
+    """Base class of every user-facing mpsearch error."""
+
+
+class ModelError(MpsearchError):
+    """The ONNX model cannot be read, normalized or run."""
+
+
+class DataError(MpsearchError):
+    """Calibration or validation data is missing, malformed or does not match the model."""
+
+
+class ProfileError(MpsearchError):
+    """A hardware profile is malformed or inconsistent."""
+
+
+class SpecError(MpsearchError):
+    """A search spec (YAML) is malformed or inconsistent."""
+
+
+class CalibrationError(MpsearchError):
+    """Calibration failed or a saved calibration table does not fit the model."""
+
+
+class QuantizationError(MpsearchError):
+    """An assignment cannot be turned into a quantized model (unknown node, forbidden format)."""
+
+
+class SearchError(MpsearchError):
+    """The search cannot run or resume (storage, study, budget)."""

@@ -1,0 +1,188 @@
+"""Evaluation: run a (quantized) model over data with ONNX Runtime and score it against FP32.
+
+Consumes the FP32 :class:`~mpsearch.graph.ModelGraph`, a :class:`~mpsearch.data.Dataset` and
+candidate models; produces :class:`Evaluation` results. The FP32 reference outputs are computed
+once per :class:`Evaluator` and reused for every candidate.
+
+Built-in metrics (``METRICS``), each with its direction: ``accuracy`` and ``top5`` (need labels),
+``agreement`` (top-1 agreement with FP32), ``sqnr`` (dB), ``cosine`` and ``mse`` of the primary
+output versus FP32. A user metric is ``"package.module:function"`` taking
+``(outputs, reference, labels)`` and returning a float; set ``function.higher_is_better = False``
+for a loss.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+import onnx
+
+from mpsearch import kernels
+from mpsearch.data import Dataset
+from mpsearch.errors import DataError, SpecError
+from mpsearch.graph import ModelGraph
+from mpsearch.runtime import Session, create_session
+
+__all__ = ["METRICS", "Evaluation", "Evaluator", "Metric", "measure_latency", "resolve_metric"]
+
+logger = logging.getLogger(__name__)
+
+MetricFn = Callable[[np.ndarray, np.ndarray, "np.ndarray | None"], float]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Metric:
+    name: str
+    higher_is_better: bool
+    needs_labels: bool
+    fn: MetricFn = field(repr=False)
+
+
+def _top1(outputs: np.ndarray) -> np.ndarray:
+    return outputs.reshape(len(outputs), -1).argmax(axis=1)
+
+
+def _accuracy(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> float:
+    assert labels is not None  # guarded by needs_labels
+    return float(np.mean(_top1(outputs) == labels.reshape(-1)))
+
+
+def _top5(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> float:
+    assert labels is not None
+    flat = outputs.reshape(len(outputs), -1)
+    top = np.argsort(-flat, axis=1)[:, :5]
+    return float(np.mean((top == labels.reshape(-1, 1)).any(axis=1)))
+
+
+def _agreement(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> float:
+    return float(np.mean(_top1(outputs) == _top1(reference)))
+
+
+def _error(index: int) -> MetricFn:
+    def metric(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> float:
+        return float(kernels.error_stats(reference, outputs)[index])
+    return metric
+
+
+METRICS: Mapping[str, Metric] = MappingProxyType({
+    "accuracy": Metric(name="accuracy", higher_is_better=True, needs_labels=True, fn=_accuracy),
+    "top5": Metric(name="top5", higher_is_better=True, needs_labels=True, fn=_top5),
+    "agreement": Metric(name="agreement", higher_is_better=True, needs_labels=False,
+                        fn=_agreement),
+    "mse": Metric(name="mse", higher_is_better=False, needs_labels=False, fn=_error(0)),
+    "sqnr": Metric(name="sqnr", higher_is_better=True, needs_labels=False, fn=_error(1)),
+    "cosine": Metric(name="cosine", higher_is_better=True, needs_labels=False, fn=_error(2)),
+})
+
+
+def resolve_metric(name: str) -> Metric:
+    """A built-in metric by name, or a user metric given as ``package.module:function``."""
+    if name in METRICS:
+        return METRICS[name]
+    if ":" not in name:
+        raise SpecError(f"unknown metric '{name}'; use one of {', '.join(METRICS)} "
+                        "or 'package.module:function'")
+    module_name, _, attr = name.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise SpecError(f"metric '{name}': cannot import {attr} from {module_name} ({e}); "
+                        "check the module is on PYTHONPATH") from e
+    return Metric(name=name, higher_is_better=bool(getattr(fn, "higher_is_better", True)),
+                  needs_labels=False, fn=fn)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evaluation:
+    """Metrics of one model on one data set, with the primary metric singled out."""
+
+    metrics: Mapping[str, float]
+    primary: str
+    samples: int
+    seconds: float
+
+    @property
+    def value(self) -> float:
+        return self.metrics[self.primary]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"metrics": dict(self.metrics), "primary": self.primary,
+                "samples": self.samples, "seconds": self.seconds}
+
+
+class Evaluator:
+    """Scores candidate models on ``data`` against the FP32 model's outputs (computed once)."""
+
+    def __init__(
+        self, graph: ModelGraph, data: Dataset, *, metric: str | None = None,
+        batch_size: int = 64, threads: int = 2,
+    ) -> None:
+        if len(data) == 0:
+            raise DataError(f"{data.source}: no samples to evaluate on")
+        self.graph = graph
+        self.data = data
+        self.batch_size = batch_size
+        self.threads = threads
+        self.output = graph.outputs[0].name
+        self.primary = resolve_metric(metric or ("accuracy" if data.labels is not None
+                                                 else "agreement"))
+        if self.primary.needs_labels and data.labels is None:
+            raise DataError(f"{data.source}: metric '{self.primary.name}' needs labels; add a "
+                            "'labels' array or use metric 'agreement'")
+        reference = create_session(graph.model, threads=threads, label=graph.name)
+        self.reference = self._outputs(reference)
+
+    def _outputs(self, session: Session, limit: int | None = None) -> np.ndarray:
+        parts, seen = [], 0
+        for feeds in self.data.batches(self.batch_size):
+            parts.append(session.run(feeds, [self.output])[self.output])
+            seen += len(parts[-1])
+            if limit is not None and seen >= limit:
+                break
+        return np.concatenate(parts, axis=0)[:limit]
+
+    def metrics(self, outputs: np.ndarray, *, start: int = 0) -> dict[str, float]:
+        """Every applicable metric of ``outputs`` (rows ``start...`` of the data)."""
+        stop = start + len(outputs)
+        reference = self.reference[start:stop]
+        labels = None if self.data.labels is None else self.data.labels[start:stop]
+        out = {}
+        for name, metric in METRICS.items():
+            if metric.needs_labels and labels is None:
+                continue
+            out[name] = metric.fn(outputs, reference, labels)
+        if self.primary.name not in out:
+            out[self.primary.name] = self.primary.fn(outputs, reference, labels)
+        return out
+
+    def session(self, model: onnx.ModelProto | bytes) -> Session:
+        return create_session(model, threads=self.threads, label="candidate")
+
+    def evaluate(
+        self, model: onnx.ModelProto | bytes | Session, *, limit: int | None = None
+    ) -> Evaluation:
+        """Score ``model`` on the first ``limit`` samples (all by default)."""
+        start = time.perf_counter()
+        session = model if isinstance(model, Session) else self.session(model)
+        outputs = self._outputs(session, limit)
+        return Evaluation(metrics=self.metrics(outputs), primary=self.primary.name,
+                          samples=len(outputs), seconds=time.perf_counter() - start)
+
+    def fp32(self) -> Evaluation:
+        """The FP32 model's own metrics (agreement 1, SQNR infinite)."""
+        return Evaluation(metrics=self.metrics(self.reference), primary=self.primary.name,
+                          samples=len(self.reference), seconds=0.0)
+
+
+def measure_latency(
+    model: onnx.ModelProto | bytes, feeds: Mapping[str, np.ndarray], *, threads: int = 2,
+    repeat: int = 20,
+) -> float:
+    """Median seconds of one ORT run of ``feeds`` (after a warm-up)."""
+    return create_session(model, threads=threads).time_batch(feeds, repeat=repeat)

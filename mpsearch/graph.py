@@ -1,0 +1,476 @@
+"""ONNX model -> normalized :class:`ModelGraph` (a networkx DiGraph of ONNX nodes).
+
+Consumes an ONNX file path or a ``ModelProto``; produces a frozen :class:`ModelGraph` holding the
+normalized model, its nodes in topological order with their quantization roles, inferred tensor
+shapes and the list of normalizations applied. Every later stage reads the model through it.
+
+Normalizations (each reported in ``ModelGraph.changes``):
+  * unnamed or duplicate node names get unique names (``Conv_3``);
+  * tensors held in ``Constant`` nodes (Paddle, TF exports) become initializers;
+  * initializers also listed as graph inputs (IR < 4 exports) are no longer inputs;
+  * opset < 13 is converted to 13 (per-axis Q/DQ needs it);
+  * shapes are inferred; symbolic dimensions (a dynamic batch) stay symbolic; declared output
+    shapes that contradict inference are dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import networkx as nx
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, shape_inference, version_converter
+
+from mpsearch.errors import ModelError
+
+__all__ = ["ModelGraph", "Node", "TensorInfo", "load_model", "QUANTIZABLE_OPS"]
+
+logger = logging.getLogger(__name__)
+
+MIN_OPSET = 13
+_OLDEST_CONVERTIBLE_OPSET = 7
+Dim = int | str | None
+
+#: Op types that runtimes quantize, with the input positions that carry activations.
+#: ``None`` means every input. Weights are the initializer inputs among the positions in
+#: ``_WEIGHT_INPUTS``; biases are in ``_BIAS_INPUT``.
+QUANTIZABLE_OPS: Mapping[str, tuple[int, ...] | None] = MappingProxyType(
+    {
+        "Conv": (0,),
+        "ConvTranspose": (0,),
+        "Gemm": (0, 1),
+        "MatMul": (0, 1),
+        "Add": (0, 1),
+        "Sub": (0, 1),
+        "Mul": (0, 1),
+        "Div": (0, 1),
+        "Concat": None,
+        "MaxPool": (0,),
+        "AveragePool": (0,),
+        "GlobalAveragePool": (0,),
+        "GlobalMaxPool": (0,),
+        "ReduceMean": (0,),
+        "Relu": (0,),
+        "LeakyRelu": (0,),
+        "Clip": (0,),
+        "Sigmoid": (0,),
+        "HardSigmoid": (0,),
+        "HardSwish": (0,),
+        "Tanh": (0,),
+        "Softmax": (0,),
+        "Gelu": (0,),
+        "LayerNormalization": (0,),
+        "Resize": (0,),
+    }
+)
+_WEIGHT_INPUTS: Mapping[str, tuple[int, ...]] = MappingProxyType(
+    {"Conv": (1,), "ConvTranspose": (1,), "Gemm": (1,), "MatMul": (0, 1),
+     "LayerNormalization": (1,)}
+)
+_BIAS_INPUT: Mapping[str, int] = MappingProxyType({"Conv": 2, "ConvTranspose": 2, "Gemm": 2})
+_DATA_MOVEMENT = frozenset(
+    {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Split", "Slice", "Gather",
+     "Identity", "Expand", "Tile", "Pad", "DepthToSpace", "SpaceToDepth"}
+)
+_CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TensorInfo:
+    """A graph input or output: name, shape (ints, symbolic names or None) and numpy dtype."""
+
+    name: str
+    shape: tuple[Dim, ...] | None
+    dtype: np.dtype[Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Node:
+    """One ONNX node with its quantization roles.
+
+    ``activation_inputs`` are the float non-constant inputs that get Q/DQ when the node is
+    quantized; ``weights`` the float initializer inputs stored quantized; ``bias`` the initializer
+    stored as int32 where the format says so. ``reason`` says why a node is not quantizable.
+    """
+
+    name: str
+    op_type: str
+    domain: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attributes: Mapping[str, Any]
+    activation_inputs: tuple[str, ...] = ()
+    weights: tuple[str, ...] = ()
+    bias: str | None = None
+    quantizable: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelGraph:
+    """A normalized ONNX model and its graph of nodes (edges are tensors)."""
+
+    model: onnx.ModelProto
+    path: str | None
+    nodes: Mapping[str, Node]
+    order: tuple[str, ...]
+    initializers: Mapping[str, np.ndarray]
+    shapes: Mapping[str, tuple[Dim, ...] | None]
+    elem_types: Mapping[str, int]
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    opset: int
+    changes: tuple[str, ...]
+    fingerprint: str
+    subgraph_nodes: tuple[Node, ...] = ()
+    digraph: nx.DiGraph = field(repr=False, compare=False, default_factory=nx.DiGraph)
+    producers: Mapping[str, str] = field(repr=False, compare=False, default_factory=dict)
+    consumer_map: Mapping[str, tuple[str, ...]] = field(
+        repr=False, compare=False, default_factory=dict
+    )
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name if self.path else (self.model.graph.name or "model")
+
+    def producer(self, tensor: str) -> str | None:
+        """Name of the node producing ``tensor`` (None for graph inputs and initializers)."""
+        return self.producers.get(tensor)
+
+    def consumers(self, tensor: str) -> tuple[str, ...]:
+        """Names of the nodes reading ``tensor``, in topological order."""
+        return self.consumer_map.get(tensor, ())
+
+    def quantizable_nodes(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes.values() if n.quantizable)
+
+    def is_float(self, tensor: str) -> bool:
+        return self.elem_types.get(tensor) in _FLOAT_TYPES
+
+    def activation_tensors(self) -> tuple[str, ...]:
+        """Float activation tensors that quantization needs ranges for, in topological order."""
+        seen: dict[str, None] = {}
+        for node in self.quantizable_nodes():
+            for tensor in (*node.activation_inputs, *node.outputs):
+                if tensor and self.is_float(tensor) and tensor not in self.initializers:
+                    seen.setdefault(tensor, None)
+        return tuple(seen)
+
+
+def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> ModelGraph:
+    """Load, normalize and analyse an ONNX model from a path or a ``ModelProto``."""
+    path = None if isinstance(source, onnx.ModelProto) else os.fspath(source)
+    model = _read(path) if path is not None else _copy(source)  # type: ignore[arg-type]
+    label = path or "<model>"
+    changes: list[str] = []
+    _name_nodes(model, changes)
+    _constants_to_initializers(model, changes)
+    _drop_initializer_inputs(model, changes)
+    model = _upgrade_opset(model, label, changes)
+    model = _infer_shapes(model, label, path, changes)
+    return _build(model, path, tuple(changes))
+
+
+def _read(path: str) -> onnx.ModelProto:
+    if not os.path.isfile(path):
+        raise ModelError(f"{path}: no such file; check the path to the ONNX model")
+    try:
+        model = onnx.load(path, load_external_data=True)
+    except Exception as e:  # protobuf raises DecodeError, onnx raises ValueError/OSError
+        raise ModelError(
+            f"{path}: not a readable ONNX model ({type(e).__name__}: {_first_line(e)}); "
+            "re-export it or check the file was copied completely"
+        ) from e
+    if not model.graph.node:
+        raise ModelError(f"{path}: the ONNX graph has no nodes (empty or truncated file); "
+                         "re-export the model")
+    return model
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:200] if text else "no detail"
+
+
+def _name_nodes(model: onnx.ModelProto, changes: list[str]) -> None:
+    used: set[str] = set()
+    renamed = 0
+    for index, node in enumerate(model.graph.node):
+        if not node.name or node.name in used:
+            base = f"{node.op_type}_{index}"
+            name, k = base, 1
+            while name in used:
+                name, k = f"{base}_{k}", k + 1
+            node.name = name
+            renamed += 1
+        used.add(node.name)
+    if renamed:
+        changes.append(f"named {renamed} unnamed or duplicate nodes")
+
+
+def _constants_to_initializers(model: onnx.ModelProto, changes: list[str]) -> None:
+    graph = model.graph
+    keep, moved = [], 0
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute):
+            attr = node.attribute[0]
+            if attr.name == "value":
+                tensor = onnx.TensorProto()
+                tensor.CopyFrom(attr.t)
+            elif attr.name in ("value_float", "value_int", "value_floats", "value_ints"):
+                array = np.array(helper.get_attribute_value(attr),
+                                 dtype=np.float32 if "float" in attr.name else np.int64)
+                tensor = numpy_helper.from_array(array)
+            else:
+                keep.append(node)
+                continue
+            tensor.name = node.output[0]
+            graph.initializer.append(tensor)
+            moved += 1
+        else:
+            keep.append(node)
+    if moved:
+        del graph.node[:]
+        graph.node.extend(keep)
+        changes.append(f"moved {moved} Constant nodes into initializers")
+
+
+def _drop_initializer_inputs(model: onnx.ModelProto, changes: list[str]) -> None:
+    names = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in names]
+    dropped = len(model.graph.input) - len(inputs)
+    if dropped:
+        del model.graph.input[:]
+        model.graph.input.extend(inputs)
+        changes.append(f"removed {dropped} initializers from the graph inputs")
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return int(entry.version)
+    return 0
+
+
+def _upgrade_opset(model: onnx.ModelProto, label: str, changes: list[str]) -> onnx.ModelProto:
+    opset = _default_opset(model)
+    if opset >= MIN_OPSET:
+        return model
+    if opset < _OLDEST_CONVERTIBLE_OPSET:
+        raise ModelError(f"{label}: opset {opset} is not supported (need >= "
+                         f"{_OLDEST_CONVERTIBLE_OPSET}); re-export with opset 13 or newer")
+    try:
+        upgraded = version_converter.convert_version(model, MIN_OPSET)
+    except Exception as e:
+        raise ModelError(f"{label}: cannot upgrade opset {opset} to {MIN_OPSET} "
+                         f"({_first_line(e)}); re-export with opset 13 or newer") from e
+    changes.append(f"upgraded opset {opset} -> {MIN_OPSET}")
+    return upgraded
+
+
+def _infer_shapes(
+    model: onnx.ModelProto, label: str, path: str | None, changes: list[str]
+) -> onnx.ModelProto:
+    try:
+        return _run_inference(model, path)
+    except Exception as first:  # declared shapes may contradict inference: drop and retry
+        logger.debug("shape inference failed with declared shapes: %s", first)
+    stripped = _copy(model)
+    del stripped.graph.value_info[:]
+    for output in stripped.graph.output:
+        output.type.tensor_type.ClearField("shape")
+    try:
+        inferred = _run_inference(stripped, None)
+    except Exception as e:
+        raise ModelError(f"{label}: ONNX shape inference failed ({_first_line(e)}); "
+                         "check the model with onnx.checker") from e
+    changes.append("dropped declared intermediate/output shapes that contradicted inference")
+    return inferred
+
+
+def _run_inference(model: onnx.ModelProto, path: str | None) -> onnx.ModelProto:
+    try:
+        return shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except ValueError as e:
+        if "2GB" not in str(e) and "2 GB" not in str(e):
+            raise
+    # Models over 2 GB: onnx infers shapes file-to-file.
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "in.onnx")
+        dst = os.path.join(tmp, "out.onnx")
+        onnx.save(model, src, save_as_external_data=True, location="in.data")
+        shape_inference.infer_shapes_path(src, dst, strict_mode=True, data_prop=True)
+        return onnx.load(dst, load_external_data=True)
+
+
+def _shape_of(value: onnx.ValueInfoProto) -> tuple[Dim, ...] | None:
+    tensor_type = value.type.tensor_type
+    if not tensor_type.HasField("shape"):
+        return None
+    dims: list[Dim] = []
+    for dim in tensor_type.shape.dim:
+        if dim.HasField("dim_value"):
+            dims.append(int(dim.dim_value))
+        else:
+            dims.append(dim.dim_param or None)
+    return tuple(dims)
+
+
+def _fingerprint(model: onnx.ModelProto) -> str:
+    digest = hashlib.sha256()
+    digest.update(model.graph.SerializeToString(deterministic=True))
+    return digest.hexdigest()[:16]
+
+
+def _build(model: onnx.ModelProto, path: str | None, changes: tuple[str, ...]) -> ModelGraph:
+    graph = model.graph
+    initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    shapes: dict[str, tuple[Dim, ...] | None] = {}
+    elem_types: dict[str, int] = {}
+    for value in (*graph.input, *graph.value_info, *graph.output):
+        shapes[value.name] = _shape_of(value)
+        elem_types[value.name] = value.type.tensor_type.elem_type
+    for name, array in initializers.items():
+        shapes[name] = tuple(int(d) for d in array.shape)
+        elem_types[name] = helper.np_dtype_to_tensor_dtype(array.dtype)
+    digraph, order = _topology(graph)
+    nodes = {}
+    for name in order:
+        proto = digraph.nodes[name]["proto"]
+        nodes[name] = _describe(proto, initializers, elem_types)
+        digraph.nodes[name]["node"] = nodes[name]
+    consumers: dict[str, list[str]] = {}
+    for node in nodes.values():
+        for tensor in dict.fromkeys(node.inputs):
+            if tensor:
+                consumers.setdefault(tensor, []).append(node.name)
+    return ModelGraph(
+        model=model,
+        path=path,
+        nodes=MappingProxyType(nodes),
+        order=order,
+        initializers=MappingProxyType(initializers),
+        shapes=MappingProxyType(shapes),
+        elem_types=MappingProxyType(elem_types),
+        inputs=tuple(_tensor_info(v) for v in graph.input),
+        outputs=tuple(_tensor_info(v) for v in graph.output),
+        opset=_default_opset(model),
+        changes=changes,
+        fingerprint=_fingerprint(model),
+        subgraph_nodes=tuple(_subgraph_nodes(graph)),
+        digraph=digraph,
+        producers=MappingProxyType({t: n.name for n in nodes.values() for t in n.outputs if t}),
+        consumer_map=MappingProxyType({t: tuple(v) for t, v in consumers.items()}),
+    )
+
+
+def _tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
+    elem = value.type.tensor_type.elem_type
+    dtype = helper.tensor_dtype_to_np_dtype(elem) if elem else np.dtype(np.float32)
+    return TensorInfo(name=value.name, shape=_shape_of(value), dtype=np.dtype(dtype))
+
+
+def _topology(graph: onnx.GraphProto) -> tuple[nx.DiGraph, tuple[str, ...]]:
+    digraph = nx.DiGraph()
+    producers: dict[str, str] = {}
+    for index, node in enumerate(graph.node):
+        digraph.add_node(node.name, proto=node, index=index)
+        for output in node.output:
+            if output:
+                producers[output] = node.name
+    for node in graph.node:
+        for tensor in node.input:
+            source = producers.get(tensor)
+            if source is not None:
+                digraph.add_edge(source, node.name, tensor=tensor)
+    if not nx.is_directed_acyclic_graph(digraph):
+        raise ModelError(f"graph '{graph.name}' has a cycle; ONNX graphs must be acyclic")
+    order = nx.lexicographical_topological_sort(digraph, key=lambda n: digraph.nodes[n]["index"])
+    return digraph, tuple(order)
+
+
+def _describe(
+    proto: onnx.NodeProto, initializers: Mapping[str, np.ndarray], elem_types: Mapping[str, int]
+) -> Node:
+    attributes = MappingProxyType(
+        {a.name: helper.get_attribute_value(a) for a in proto.attribute
+         if a.type != onnx.AttributeProto.GRAPH}
+    )
+    base = dict(name=proto.name, op_type=proto.op_type, domain=proto.domain,
+                inputs=tuple(proto.input), outputs=tuple(proto.output), attributes=attributes)
+    reason = _not_quantizable_reason(proto, initializers, elem_types)
+    if reason:
+        return Node(**base, reason=reason)  # type: ignore[arg-type]
+    positions = QUANTIZABLE_OPS[proto.op_type]
+    data = [t for i, t in enumerate(proto.input) if t and (positions is None or i in positions)]
+    weight_positions = _WEIGHT_INPUTS.get(proto.op_type, ())
+    weights = tuple(
+        t for i, t in enumerate(proto.input)
+        if i in weight_positions and t in initializers and initializers[t].dtype == np.float32
+    )
+    bias_index = _BIAS_INPUT.get(proto.op_type)
+    bias = None
+    if bias_index is not None and len(proto.input) > bias_index:
+        candidate = proto.input[bias_index]
+        bias = candidate if candidate in initializers else None
+    return Node(
+        **base,  # type: ignore[arg-type]
+        activation_inputs=tuple(t for t in data if t not in weights),
+        weights=weights,
+        bias=bias,
+        quantizable=True,
+    )
+
+
+def _not_quantizable_reason(
+    proto: onnx.NodeProto, initializers: Mapping[str, np.ndarray], elem_types: Mapping[str, int]
+) -> str:
+    op = proto.op_type
+    if op in _CONTROL_FLOW:
+        return f"{op} is control flow; its subgraphs stay in float"
+    if proto.domain not in ("", "ai.onnx") and not (op == "Gelu" and proto.domain == "com.microsoft"):
+        return f"custom domain '{proto.domain}'"
+    if op in _DATA_MOVEMENT:
+        return f"{op} moves data; it runs at the precision of its input"
+    if op not in QUANTIZABLE_OPS:
+        return f"{op} has no quantized kernel in the supported runtimes"
+    data = proto.input[0] if proto.input else ""
+    if elem_types.get(data) not in _FLOAT_TYPES:
+        return f"{op} works on non-float tensors (shape computation)"
+    if op in ("Conv", "ConvTranspose", "Gemm") and proto.input[1] not in initializers:
+        return f"{op} weight '{proto.input[1]}' is not a constant initializer"
+    return ""
+
+
+def _subgraph_nodes(graph: onnx.GraphProto) -> list[Node]:
+    found: list[Node] = []
+    for node in graph.node:
+        for attr in node.attribute:
+            subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for sub in subgraphs:
+                for inner in sub.node:
+                    found.append(Node(
+                        name=inner.name or f"{node.name}/{inner.op_type}",
+                        op_type=inner.op_type, domain=inner.domain, inputs=tuple(inner.input),
+                        outputs=tuple(inner.output), attributes=MappingProxyType({}),
+                        reason=f"inside the '{attr.name}' subgraph of {node.op_type} "
+                               f"'{node.name}'; control-flow bodies stay in float",
+                    ))
+                found.extend(_subgraph_nodes(sub))
+    return found

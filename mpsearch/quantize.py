@@ -1,0 +1,327 @@
+"""(ModelGraph, CalibrationTable, HardwareProfile, Assignment) -> QDQ ONNX ``ModelProto``.
+
+A pure graph edit over the saved calibration table, never a re-calibration:
+
+* weights are stored quantized (int8/int16 initializers followed by DequantizeLinear),
+  per-channel where the format allows it; biases as int32 with scale = input x weight scale;
+* a quantized node's activation inputs get QuantizeLinear/DequantizeLinear at its format, and its
+  outputs too, so every consumer reads what the target produces; a consumer in another format
+  re-quantizes (INT8 -> FP32 reads the INT8 values; INT8 -> INT16 gets its own Q/DQ);
+* 16-bit Q/DQ uses the standard ops at opset >= 21, otherwise the ``com.microsoft`` ones;
+  float16 formats are emulated with Cast round trips and float16-stored weights.
+
+:class:`Quantizer` caches the quantized weights across assignments, so the search pays for each
+(weight, format) once; :func:`build_qdq` is the one-shot form.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from mpsearch.assignment import ActivationSpec, NodePlan, plan_nodes, weight_channels
+from mpsearch.calibrate import CalibrationTable
+from mpsearch.graph import ModelGraph, Node
+from mpsearch.profiles import HardwareProfile, TensorFormat
+
+__all__ = ["Quantizer", "build_qdq", "qparams"]
+
+logger = logging.getLogger(__name__)
+
+_NP = {"int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16}
+_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535)}
+_MS_DOMAIN = "com.microsoft"
+
+
+def qparams(
+    lo: np.ndarray | float, hi: np.ndarray | float, dtype: str, *, symmetric: bool,
+    scale_form: str = "float", narrow_range: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Scale (float32) and zero point (``dtype``) mapping [lo, hi] onto the integer grid.
+
+    The range is widened to contain 0 (ONNX Runtime's rule). Symmetric signed grids put zero at
+    0 and use [-qmax, qmax]; symmetric unsigned grids put it at the midpoint.
+    """
+    qmin, qmax = _RANGE[dtype]
+    if narrow_range and qmin < 0:
+        qmin += 1
+    lo = np.minimum(np.asarray(lo, dtype=np.float64), 0.0)
+    hi = np.maximum(np.asarray(hi, dtype=np.float64), 0.0)
+    if symmetric:
+        absmax = np.maximum(-lo, hi)
+        if qmin < 0:
+            scale = absmax / qmax
+            zero = np.zeros_like(scale)
+        else:
+            scale = 2 * absmax / (qmax - qmin)
+            zero = np.full_like(scale, (qmax + qmin + 1) // 2)
+    else:
+        scale = (hi - lo) / (qmax - qmin)
+        zero = None
+    scale = np.where(scale > 0, scale, 1.0)
+    if scale_form == "pow2":
+        scale = np.exp2(np.ceil(np.log2(scale)))
+    if zero is None:
+        zero = np.clip(np.round(qmin - lo / scale), qmin, qmax)
+    return scale.astype(np.float32), zero.astype(_NP[dtype])
+
+
+def _quantize_array(
+    array: np.ndarray, scale: np.ndarray, zero: np.ndarray, dtype: str, axis: int | None
+) -> np.ndarray:
+    if axis is not None:
+        shape = [1] * array.ndim
+        shape[axis] = -1
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    qmin, qmax = _RANGE[dtype]
+    codes = np.round(array / scale) + zero.astype(np.float64)
+    return np.clip(codes, qmin, qmax).astype(_NP[dtype])
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    """Initializers and one dequantizing node that turn a stored tensor back into float."""
+
+    output: str
+    initializers: tuple[TensorProto, ...]
+    node: onnx.NodeProto
+    scale: np.ndarray
+
+
+class Quantizer:
+    """Builds QDQ models for many assignments of one (graph, table, profile), caching weights."""
+
+    def __init__(
+        self, graph: ModelGraph, table: CalibrationTable, profile: HardwareProfile,
+        *, method: str | None = None,
+    ) -> None:
+        self.graph = graph
+        self.table = table
+        self.profile = profile
+        self.method = method
+        self._weights: dict[tuple[str, TensorFormat], _Stored] = {}
+        self._constants: dict[tuple[str, ActivationSpec], _Stored] = {}
+        self._ranges: dict[tuple[str, int, bool], tuple[float, float]] = {}
+        self._ms_16bit = graph.opset < 21
+
+    # -- parameters -----------------------------------------------------------------------
+    def activation_qparams(self, tensor: str, spec: ActivationSpec) -> tuple[float, int]:
+        """(scale, zero point) of ``tensor`` quantized as ``spec``."""
+        if spec.fixed is not None:
+            return float(spec.fixed[0]), int(spec.fixed[1])
+        bits = 16 if "16" in spec.dtype else 8
+        key = (spec.range_of, bits, spec.symmetric)
+        if key not in self._ranges:
+            self._ranges[key] = self.table.range(
+                spec.range_of, bits=bits, symmetric=spec.symmetric, method=self.method)
+        lo, hi = self._ranges[key]
+        scale, zero = qparams(lo, hi, spec.dtype, symmetric=spec.symmetric,
+                              scale_form=spec.scale)
+        return float(scale), int(zero)
+
+    def _domain(self, dtype: str) -> str:
+        return _MS_DOMAIN if self._ms_16bit and "16" in dtype else ""
+
+    # -- stored tensors -------------------------------------------------------------------
+    def _weight(self, node: Node, weight: str, fmt: TensorFormat) -> _Stored:
+        key = (weight, fmt)
+        if key in self._weights:
+            return self._weights[key]
+        array = self.graph.initializers[weight]
+        if fmt.is_float:
+            stored = self._cast_stored(weight, array, fmt.dtype)
+        else:
+            channels, axis = weight_channels(self.graph, self.profile, node, weight, fmt)
+            if axis is None:
+                lo, hi = np.array([array.min()]), np.array([array.max()])
+            else:
+                moved = np.moveaxis(array, axis, 0).reshape(channels, -1)
+                lo, hi = moved.min(axis=1), moved.max(axis=1)
+            scale, zero = qparams(lo, hi, fmt.dtype, symmetric=fmt.symmetric,
+                                  scale_form=fmt.scale, narrow_range=fmt.narrow_range)
+            if axis is None:
+                scale, zero = scale.reshape(()), zero.reshape(())
+            codes = _quantize_array(array, scale, zero, fmt.dtype, axis)
+            stored = self._dequantized(f"{weight}__{fmt.dtype}{'c' if axis is not None else ''}",
+                                       codes, scale, zero, axis, fmt.dtype)
+        self._weights[key] = stored
+        return stored
+
+    def _constant(self, tensor: str, spec: ActivationSpec) -> _Stored:
+        key = (tensor, spec)
+        if key not in self._constants:
+            array = self.graph.initializers[tensor]
+            if spec.dtype.startswith("float"):
+                self._constants[key] = self._cast_stored(tensor, array, spec.dtype)
+            else:
+                scale, zero = qparams(array.min(), array.max(), spec.dtype,
+                                      symmetric=spec.symmetric, scale_form=spec.scale)
+                codes = _quantize_array(array, scale, zero, spec.dtype, None)
+                self._constants[key] = self._dequantized(
+                    f"{tensor}__{spec.dtype}k", codes, scale, zero, None, spec.dtype)
+        return self._constants[key]
+
+    def _bias(self, node: Node, bias: str, input_scale: float, weight: _Stored) -> _Stored:
+        array = self.graph.initializers[bias].astype(np.float64)
+        scale = (input_scale * weight.scale.astype(np.float64)).reshape(-1)
+        scale = np.broadcast_to(scale, array.shape).astype(np.float32)
+        scale = np.where(scale > 0, scale, np.float32(1.0))
+        codes = np.clip(np.round(array / scale), -(2**31), 2**31 - 1).astype(np.int32)
+        zero = np.zeros(array.shape, dtype=np.int32)
+        return self._dequantized(f"{bias}__{node.name}__int32", codes, scale, zero, 0, "int32")
+
+    def _dequantized(
+        self, name: str, codes: np.ndarray, scale: np.ndarray, zero: np.ndarray,
+        axis: int | None, dtype: str,
+    ) -> _Stored:
+        inits = (numpy_helper.from_array(codes, f"{name}_q"),
+                 numpy_helper.from_array(np.asarray(scale, np.float32), f"{name}_scale"),
+                 numpy_helper.from_array(np.asarray(zero), f"{name}_zero"))
+        attrs = {"axis": axis} if axis is not None else {}
+        node = helper.make_node("DequantizeLinear", [i.name for i in inits], [f"{name}_dq"],
+                                name=f"{name}_DQ", domain=self._domain(dtype), **attrs)
+        return _Stored(f"{name}_dq", inits, node, np.asarray(scale, np.float32))
+
+    def _cast_stored(self, name: str, array: np.ndarray, dtype: str) -> _Stored:
+        half = numpy_helper.from_array(array.astype(np.float16), f"{name}__f16")
+        node = helper.make_node("Cast", [half.name], [f"{name}__f16_f32"],
+                                name=f"{name}__f16_Cast", to=TensorProto.FLOAT)
+        return _Stored(f"{name}__f16_f32", (half,), node, np.ones(1, np.float32))
+
+    # -- the build ------------------------------------------------------------------------
+    def build(self, assignment: Mapping[str, str]) -> onnx.ModelProto:
+        """The QDQ model of ``assignment`` (node -> format; unlisted nodes stay float)."""
+        return _Build(self, plan_nodes(self.graph, self.profile, assignment)).model()
+
+
+class _Build:
+    """One assignment's graph edit (state local to a single build)."""
+
+    def __init__(self, quantizer: Quantizer, plans: tuple[NodePlan, ...]) -> None:
+        self.q = quantizer
+        self.plans = {p.node.name: p for p in plans}
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: dict[str, TensorProto] = {}
+        self.carries: dict[str, ActivationSpec] = {}  # tensor -> the spec its values are on
+        self.qdq: dict[tuple[str, ActivationSpec], str] = {}
+        self.emitted: set[str] = set()
+        self.uses_ms = False
+
+    def model(self) -> onnx.ModelProto:
+        graph = self.q.graph
+        for name in graph.order:
+            proto = graph.digraph.nodes[name]["proto"]
+            plan = self.plans.get(name)
+            if plan is None:
+                self.nodes.append(proto)
+            else:
+                self._quantized(proto, plan)
+        used = {t for n in self.nodes for t in n.input}
+        for init in graph.model.graph.initializer:
+            if init.name in used and init.name not in self.inits:
+                self.inits[init.name] = init
+        return self._assemble(used)
+
+    def _emit_stored(self, stored: _Stored) -> str:
+        if stored.node.name not in self.emitted:
+            self.emitted.add(stored.node.name)
+            self.nodes.append(stored.node)
+            self.uses_ms |= stored.node.domain == _MS_DOMAIN
+            for init in stored.initializers:
+                self.inits[init.name] = init
+        return stored.output
+
+    def _qdq(self, tensor: str, spec: ActivationSpec, source: str | None = None) -> str:
+        """Name of ``tensor`` on the grid of ``spec`` (Q/DQ inserted once per tensor and spec)."""
+        if self.carries.get(tensor) == spec and source is None:
+            return tensor
+        key = (tensor, spec)
+        if key in self.qdq:
+            return self.qdq[key]
+        tag = _tag(tensor, spec)
+        out = tensor if source is not None else f"{tensor}__{tag}"
+        src = source or tensor
+        if spec.dtype.startswith("float"):
+            self.nodes.append(helper.make_node("Cast", [src], [f"{tensor}__{tag}_h"],
+                                               name=f"{tensor}__{tag}_Cast16",
+                                               to=TensorProto.FLOAT16))
+            self.nodes.append(helper.make_node("Cast", [f"{tensor}__{tag}_h"], [out],
+                                               name=f"{tensor}__{tag}_Cast32",
+                                               to=TensorProto.FLOAT))
+        else:
+            scale, zero = self.q.activation_qparams(tensor, spec)
+            names = (f"{tensor}__{tag}_scale", f"{tensor}__{tag}_zero")
+            self.inits[names[0]] = numpy_helper.from_array(np.array(scale, np.float32), names[0])
+            self.inits[names[1]] = numpy_helper.from_array(
+                np.array(zero, dtype=_NP[spec.dtype]), names[1])
+            domain = self.q._domain(spec.dtype)
+            self.uses_ms |= domain == _MS_DOMAIN
+            self.nodes.append(helper.make_node(
+                "QuantizeLinear", [src, *names], [f"{tensor}__{tag}_q"],
+                name=f"{tensor}__{tag}_Q", domain=domain))
+            self.nodes.append(helper.make_node(
+                "DequantizeLinear", [f"{tensor}__{tag}_q", *names], [out],
+                name=f"{tensor}__{tag}_DQ", domain=domain))
+        self.qdq[key] = out
+        return out
+
+    def _quantized(self, proto: onnx.NodeProto, plan: NodePlan) -> None:
+        replace: dict[str, str] = {}
+        for tensor, spec in plan.inputs:
+            replace[tensor] = self._qdq(tensor, spec)
+        for tensor, spec in plan.constants:
+            replace[tensor] = self._emit_stored(self.q._constant(tensor, spec))
+        weight_store = None
+        for weight, fmt in plan.weights:
+            weight_store = self.q._weight(plan.node, weight, fmt)
+            replace[weight] = self._emit_stored(weight_store)
+        if plan.bias is not None and weight_store is not None and plan.inputs:
+            scale, _ = self.q.activation_qparams(*plan.inputs[0])
+            replace[plan.bias] = self._emit_stored(
+                self.q._bias(plan.node, plan.bias, scale, weight_store))
+        raw = {t: f"{t}__raw" for t, _ in plan.outputs}
+        node = onnx.NodeProto()
+        node.CopyFrom(proto)
+        node.input[:] = [replace.get(t, t) for t in proto.input]
+        node.output[:] = [raw.get(t, t) for t in proto.output]
+        self.nodes.append(node)
+        for tensor, spec in plan.outputs:
+            self._qdq(tensor, spec, source=raw[tensor])
+            self.carries[tensor] = spec
+
+    def _assemble(self, used: set[str]) -> onnx.ModelProto:
+        source = self.q.graph.model
+        graph = helper.make_graph(
+            self.nodes, source.graph.name or "mpsearch", list(source.graph.input),
+            list(source.graph.output), initializer=list(self.inits.values()),
+        )
+        opsets = {o.domain: o.version for o in source.opset_import}
+        if self.uses_ms:
+            opsets.setdefault(_MS_DOMAIN, 1)
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(opsets.items())],
+            producer_name="mpsearch", ir_version=source.ir_version,
+        )
+        return model
+
+
+def _tag(tensor: str, spec: ActivationSpec) -> str:
+    tag = spec.dtype + ("s" if spec.symmetric else "a") + ("p2" if spec.scale == "pow2" else "")
+    if spec.range_of != tensor:
+        tag += f"_r_{spec.range_of}"
+    if spec.fixed is not None:
+        tag += "_fx"
+    return tag
+
+
+def build_qdq(
+    graph: ModelGraph, table: CalibrationTable, profile: HardwareProfile,
+    assignment: Mapping[str, str], *, method: str | None = None,
+) -> onnx.ModelProto:
+    """One-shot :meth:`Quantizer.build`."""
+    return Quantizer(graph, table, profile, method=method).build(assignment)

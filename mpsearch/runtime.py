@@ -1,0 +1,140 @@
+"""ONNX Runtime sessions: the only module that imports onnxruntime.
+
+Consumes an ONNX model (``ModelProto``, serialized bytes or a path); produces a :class:`Session`
+that runs input dicts, optionally exposing intermediate tensors as extra outputs, on the CPU with
+a fixed thread count.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from mpsearch.errors import DataError, ModelError
+
+__all__ = ["Session", "create_session", "ort_version", "with_outputs"]
+
+logger = logging.getLogger(__name__)
+
+ort.set_default_logger_severity(3)
+
+
+def ort_version() -> str:
+    return str(ort.__version__)
+
+
+def with_outputs(model: onnx.ModelProto, tensors: Sequence[str]) -> onnx.ModelProto:
+    """Copy of ``model`` whose graph also outputs ``tensors`` (intermediate activations)."""
+    existing = {o.name for o in model.graph.output}
+    wanted = [t for t in dict.fromkeys(tensors) if t not in existing]
+    if not wanted:
+        return model
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in (*model.graph.value_info, *model.graph.input)}
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    for name in wanted:
+        elem = types.get(name, onnx.TensorProto.FLOAT)
+        exposed.graph.output.append(onnx.helper.make_tensor_value_info(name, elem, None))
+    return exposed
+
+
+class Session:
+    """A CPU ONNX Runtime session with named inputs and outputs."""
+
+    def __init__(self, session: ort.InferenceSession, label: str) -> None:
+        self._session = session
+        self.label = label
+        self.input_names: tuple[str, ...] = tuple(i.name for i in session.get_inputs())
+        self.output_names: tuple[str, ...] = tuple(o.name for o in session.get_outputs())
+        self.input_types: Mapping[str, str] = {i.name: i.type for i in session.get_inputs()}
+
+    def run(
+        self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run one batch; returns the requested outputs (all by default) by name."""
+        names = list(outputs) if outputs is not None else list(self.output_names)
+        missing = [n for n in self.input_names if n not in feeds]
+        if missing:
+            raise DataError(f"{self.label}: no data for model input(s) {missing}; "
+                            f"the data provides {sorted(feeds)}")
+        try:
+            values = self._session.run(names, {n: feeds[n] for n in self.input_names})
+        except Exception as e:
+            raise DataError(f"{self.label}: ONNX Runtime could not run the batch "
+                            f"({_first_line(e)}); check the data shapes and dtypes") from e
+        return dict(zip(names, values, strict=True))
+
+    def run_all(
+        self, batches: Iterable[Mapping[str, np.ndarray]], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run every batch and concatenate each output along the batch axis."""
+        collected: dict[str, list[np.ndarray]] = {}
+        for feeds in batches:
+            for name, value in self.run(feeds, outputs).items():
+                collected.setdefault(name, []).append(value)
+        return {name: np.concatenate(parts, axis=0) for name, parts in collected.items()}
+
+    def time_batch(self, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> float:
+        """Median seconds for one run of ``feeds`` after one warm-up run."""
+        self.run(feeds)
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            self.run(feeds)
+            times.append(time.perf_counter() - start)
+        return float(np.median(times))
+
+
+def create_session(
+    model: onnx.ModelProto | bytes | str | os.PathLike[str],
+    *,
+    threads: int = 2,
+    extra_outputs: Sequence[str] = (),
+    optimize: bool = True,
+    label: str | None = None,
+) -> Session:
+    """Open a CPU session. ``extra_outputs`` exposes intermediate tensors as outputs."""
+    if extra_outputs:
+        proto = model if isinstance(model, onnx.ModelProto) else _load(model)
+        model = with_outputs(proto, extra_outputs)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    options.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
+    source: Any
+    if isinstance(model, onnx.ModelProto):
+        source = model.SerializeToString()
+        name = label or (model.graph.name or "<model>")
+    elif isinstance(model, bytes):
+        source, name = model, label or "<model>"
+    else:
+        source = name = os.fspath(model)
+    try:
+        session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise ModelError(f"{name}: ONNX Runtime cannot load the model ({_first_line(e)}); "
+                         "check it with onnx.checker or re-export it") from e
+    return Session(session, name)
+
+
+def _load(model: bytes | str | os.PathLike[str]) -> onnx.ModelProto:
+    if isinstance(model, bytes):
+        return onnx.load_from_string(model)
+    return onnx.load(os.fspath(model))
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else type(error).__name__
