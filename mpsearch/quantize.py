@@ -19,15 +19,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from mpsearch.assignment import ActivationSpec, NodePlan, plan_nodes, weight_channels
-from mpsearch.calibrate import CalibrationTable
 from mpsearch.graph import ModelGraph, Node
 from mpsearch.profiles import HardwareProfile, TensorFormat
+
+if TYPE_CHECKING:
+    from mpsearch.calibrate import CalibrationTable
 
 __all__ = ["Quantizer", "build_qdq", "qparams"]
 

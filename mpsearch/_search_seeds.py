@@ -1,0 +1,158 @@
+"""The search space (groups of nodes) and the seed configurations enqueued before the sampler.
+
+Consumes the graph, the profile and an additive sensitivity model (group, format) -> cost;
+produces :class:`Group` dimensions and :class:`Seed` assignments: every uniform format, the
+greedy path "promote the k most sensitive groups" for k = 1, 2, 4, ..., and the solutions of a
+multiple-choice knapsack (least total sensitivity under a size budget) for several budgets.
+Pure: no Optuna here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mpsearch.assignment import model_size
+from mpsearch.graph import ModelGraph
+from mpsearch.profiles import HardwareProfile
+
+__all__ = ["Group", "Seed", "group_nodes", "knapsack", "seed_assignments"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Group:
+    """One search dimension: nodes that take one format together, and the formats by rank."""
+
+    name: str
+    nodes: tuple[str, ...]
+    formats: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Seed:
+    source: str
+    formats: Mapping[str, str]  # group name -> format
+
+
+def group_nodes(
+    graph: ModelGraph, profile: HardwareProfile, only: Sequence[str] | None = None
+) -> tuple[Group, ...]:
+    """A weighted node starts a group; weightless nodes that follow it (activations, pooling,
+    residual adds) join their producer's group when they allow the same formats."""
+    members: dict[str, list[str]] = {}
+    formats_of: dict[str, tuple[str, ...]] = {}
+    group_of: dict[str, str] = {}
+    for node in graph.quantizable_nodes():
+        allowed = profile.formats_for_node(node)
+        if only is not None:
+            allowed = tuple(f for f in allowed if f in only or f == profile.default_format)
+        if len(allowed) < 2:
+            continue
+        producer = next((graph.producer(t) for t in node.activation_inputs
+                         if graph.producer(t) in group_of), None)
+        if not node.weights and producer is not None:
+            owner = group_of[producer]
+            if formats_of[owner] == allowed:
+                members[owner].append(node.name)
+                group_of[node.name] = owner
+                continue
+        members[node.name] = [node.name]
+        formats_of[node.name] = allowed
+        group_of[node.name] = node.name
+    return tuple(Group(name=n, nodes=tuple(m), formats=formats_of[n]) for n, m in members.items())
+
+
+def _expand(groups: Sequence[Group], choice: Mapping[str, str]) -> dict[str, str]:
+    return {node: choice[g.name] for g in groups for node in g.nodes}
+
+
+def knapsack(
+    groups: Sequence[Group], cost: Mapping[tuple[str, str], float],
+    extra: Mapping[tuple[str, str], float], capacity: float, bins: int = 400,
+) -> dict[str, str] | None:
+    """Multiple-choice knapsack: one format per group, least total ``cost`` with the total
+    ``extra`` bytes (over every group at its lowest format) <= ``capacity``; sizes are
+    discretized into ``bins``. None when nothing fits."""
+    if capacity < 0:
+        return None
+    step = max(capacity / bins, 1e-9)
+    best = np.full(bins + 1, np.inf)
+    best[0] = 0.0
+    picks: list[np.ndarray] = []
+    for group in groups:
+        new = np.full(bins + 1, np.inf)
+        pick = np.full(bins + 1, -1, dtype=np.int64)
+        for index, fmt in enumerate(group.formats):
+            width = _width(extra[(group.name, fmt)], step)
+            if width > bins:
+                continue
+            shifted = np.full(bins + 1, np.inf)
+            shifted[width:] = best[: bins + 1 - width] + cost.get((group.name, fmt), 0.0)
+            better = shifted < new
+            new[better], pick[better] = shifted[better], index
+        best = new
+        picks.append(pick)
+    slot = int(np.argmin(best))
+    if not np.isfinite(best[slot]):
+        return None
+    choice: dict[str, str] = {}
+    for group, pick in zip(reversed(groups), reversed(picks), strict=True):
+        fmt = group.formats[int(pick[slot])]
+        choice[group.name] = fmt
+        slot -= _width(extra[(group.name, fmt)], step)
+    return choice
+
+
+def _width(size: float, step: float) -> int:
+    return max(int(np.ceil(size / step - 1e-9)), 0)
+
+
+def seed_assignments(
+    graph: ModelGraph, profile: HardwareProfile, groups: Sequence[Group],
+    cost: Mapping[tuple[str, str], float], budgets: int = 5,
+) -> tuple[Seed, ...]:
+    """Uniform, greedy-path and knapsack seeds (group name -> format), without duplicates."""
+    seeds: list[Seed] = []
+    lowest = {g.name: g.formats[0] for g in groups}
+    every = sorted({f for g in groups for f in g.formats}, key=lambda f: profile.format(f).rank)
+    for fmt in every:
+        seeds.append(Seed(source=f"uniform {fmt}",
+                          formats={g.name: fmt if fmt in g.formats else g.formats[-1]
+                                   for g in groups}))
+    ranked = sorted(groups, key=lambda g: cost.get((g.name, g.formats[0]), 0.0), reverse=True)
+    k = 1
+    while k < len(groups):
+        for level, label in ((1, "next"), (-1, "float")):
+            choice = dict(lowest)
+            for group in ranked[:k]:
+                choice[group.name] = group.formats[min(level, len(group.formats) - 1)]
+            seeds.append(Seed(source=f"greedy top-{k} {label}", formats=choice))
+        k *= 2
+    extra = _extra_sizes(graph, profile, groups)
+    small = model_size(graph, profile, _expand(groups, lowest))
+    large = model_size(graph, profile, _expand(groups, {g.name: g.formats[-1] for g in groups}))
+    for fraction in np.linspace(0.0, 0.5, budgets + 1)[1:]:
+        choice = knapsack(groups, cost, extra, fraction * (large - small))
+        if choice is not None:
+            seeds.append(Seed(source=f"knapsack {fraction:.0%}", formats=choice))
+    unique: dict[tuple[tuple[str, str], ...], Seed] = {}
+    for seed in seeds:
+        unique.setdefault(tuple(sorted(seed.formats.items())), seed)
+    return tuple(unique.values())
+
+
+def _extra_sizes(
+    graph: ModelGraph, profile: HardwareProfile, groups: Sequence[Group]
+) -> dict[tuple[str, str], float]:
+    """Bytes a group adds at each format over the all-lowest model (the additive size model)."""
+    base = _expand(groups, {g.name: g.formats[0] for g in groups})
+    reference = float(model_size(graph, profile, base))
+    extra: dict[tuple[str, str], float] = {}
+    for group in groups:
+        for fmt in group.formats:
+            trial = dict(base)
+            trial.update(dict.fromkeys(group.nodes, fmt))
+            extra[(group.name, fmt)] = max(float(model_size(graph, profile, trial)) - reference, 0)
+    return extra

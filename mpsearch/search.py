@@ -1,0 +1,374 @@
+"""Optuna multi-objective precision search: the only module that imports optuna.
+
+Consumes a :class:`~mpsearch.pipeline.Prepared` model, per-node sensitivities and a
+:class:`~mpsearch.spec.SearchSpec`; produces the Pareto front of per-node format assignments
+(metric up, size down, optionally estimated latency down), each re-measured on held-out data.
+
+* Space: one ordered integer dimension per group of nodes (a weighted node and the weightless
+  nodes that follow it, which runtimes fuse), values = the formats the profile allows, by rank.
+* Seeds, enqueued before the sampler: uniform formats, the greedy "promote the k most sensitive
+  groups" path and knapsack solutions of the additive sensitivity model for several size budgets.
+* Constraints: size limits are repaired before evaluation; duplicates are served from a cache;
+  the metric is measured in chunks and a trial that cannot reach the front is pruned early.
+* Storage: a journal file in the run directory by default (resumable), or any RDB URL so
+  several workers share one study.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.storages import JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend
+
+from mpsearch._search_seeds import Group, Seed, group_nodes, seed_assignments
+from mpsearch.assignment import Assignment, estimate_latency, make_assignment, model_size
+from mpsearch.errors import SearchError
+from mpsearch.evaluate import Evaluator
+from mpsearch.pipeline import Prepared
+from mpsearch.quantize import Quantizer
+from mpsearch.runtime import create_session
+from mpsearch.spec import SearchSpec
+
+__all__ = ["SAMPLERS", "SearchResult", "TrialRecord", "make_sampler", "open_study", "run_search"]
+
+logger = logging.getLogger(__name__)
+_WORKER = f"{socket.gethostname()}:{os.getpid()}"
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _tpe(seed: int, trials: int) -> optuna.samplers.BaseSampler:
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
+                                      n_startup_trials=min(10, max(trials // 5, 1)))
+
+
+def _nsga2(seed: int, trials: int) -> optuna.samplers.BaseSampler:
+    return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(20, trials // 20))
+
+
+def _random(seed: int, trials: int) -> optuna.samplers.BaseSampler:
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+#: Sampler name -> factory(seed, trials). ``auto``: TPE up to 300 trials, NSGA-II beyond.
+SAMPLERS: Mapping[str, Callable[[int, int], optuna.samplers.BaseSampler]] = {
+    "tpe": _tpe, "nsga2": _nsga2, "random": _random,
+}
+
+
+def make_sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampler:
+    if name == "auto":
+        name = "tpe" if trials <= 300 else "nsga2"
+    if name not in SAMPLERS:
+        raise SearchError(f"unknown sampler '{name}'; use one of auto, {', '.join(SAMPLERS)}")
+    return SAMPLERS[name](seed, trials)
+
+
+def _storage(url: str | None, run_dir: Path) -> optuna.storages.BaseStorage:
+    if url is None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(str(run_dir / "study.journal")))
+    if "://" not in url:  # a journal file path
+        return JournalStorage(JournalFileBackend(url))
+    try:
+        return RDBStorage(url, heartbeat_interval=60, grace_period=120)
+    except Exception as e:
+        raise SearchError(f"cannot open Optuna storage '{url}' ({e}); check the URL and that "
+                          "the database driver (e.g. psycopg2-binary) is installed") from e
+
+
+def open_study(
+    spec: SearchSpec, run_dir: Path, *, directions: Sequence[str], resume: bool
+) -> optuna.Study:
+    """Create the study, or load it for ``--resume`` / a shared storage."""
+    name = spec.study or "mpsearch"
+    storage = _storage(spec.storage, run_dir)
+    exists = name in {s.study_name for s in optuna.get_all_study_summaries(storage)}
+    if exists and not resume and spec.storage is None:
+        raise SearchError(f"{run_dir}: a search already ran here; pass --resume to continue it "
+                          "or choose another --out directory")
+    sampler = make_sampler(spec.sampler, spec.seed, spec.trials)
+    return optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                               directions=list(directions), load_if_exists=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrialRecord:
+    """One evaluated configuration."""
+
+    trial: int
+    state: str
+    metric: float | None
+    size: int
+    latency: float | None
+    source: str
+    assignment: Mapping[str, str] = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchResult:
+    trials: tuple[TrialRecord, ...]
+    front: tuple[TrialRecord, ...]
+    evaluations: int
+    seconds: float
+    timing: Mapping[str, float]
+
+
+class _Objective:
+    """Turns a trial into (metric, size[, latency]) with caching, repair and early pruning."""
+
+    def __init__(self, prepared: Prepared, spec: SearchSpec, groups: Sequence[Group],
+                 evaluator: Evaluator, noise: Mapping[tuple[str, str], float],
+                 min_metric: float | None, max_size: int | None) -> None:
+        self.prepared = prepared
+        self.spec = spec
+        self.groups = groups
+        self.evaluator = evaluator
+        self.noise = noise
+        self.min_metric = min_metric
+        self.max_size = max_size
+        self.quantizer = Quantizer(prepared.graph, prepared.table, prepared.profile,
+                                   method=prepared.method)
+        self.cache: dict[str, tuple[float, ...]] = {}
+        self.timing = {"build": 0.0, "session": 0.0, "inference": 0.0}
+        self.evaluations = 0
+        self.higher = evaluator.primary.higher_is_better
+
+    def assignment(self, choice: Mapping[str, int]) -> dict[str, str]:
+        formats: dict[str, str] = {}
+        for group in self.groups:
+            fmt = group.formats[choice[group.name]]
+            formats.update(dict.fromkeys(group.nodes, fmt))
+        return formats
+
+    def repair(self, formats: dict[str, str]) -> dict[str, str] | None:
+        """Lower the least sensitive groups until the size limit holds (None if impossible)."""
+        if self.max_size is None:
+            return formats
+        graph, profile = self.prepared.graph, self.prepared.profile
+        order = sorted(self.groups, key=lambda g: self.noise.get((g.name, g.formats[0]), 0.0))
+        for group in order:
+            if model_size(graph, profile, formats) <= self.max_size:
+                return formats
+            formats.update(dict.fromkeys(group.nodes, group.formats[0]))
+        return formats if model_size(graph, profile, formats) <= self.max_size else None
+
+    def values(self, metric: float, assignment: Assignment) -> tuple[float, ...]:
+        prepared = self.prepared
+        out = [metric, float(model_size(prepared.graph, prepared.profile, assignment))]
+        if "latency" in self.spec.objectives:
+            latency = estimate_latency(prepared.graph, prepared.summary, prepared.profile,
+                                       assignment)
+            out.append(float("nan") if latency is None else latency)
+        return tuple(out)
+
+    def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
+        choice = {g.name: trial.suggest_int(g.name, 0, len(g.formats) - 1) for g in self.groups}
+        trial.set_user_attr("worker", _WORKER)
+        formats = self.repair(self.assignment(choice))
+        if formats is None:
+            trial.set_user_attr("rejected", "size limit cannot be met")
+            raise optuna.TrialPruned("size limit cannot be met")
+        assignment = make_assignment(self.prepared.graph, self.prepared.profile, formats)
+        key = assignment.key()
+        trial.set_user_attr("assignment", assignment.to_dict())
+        if key in self.cache:
+            trial.set_user_attr("cached", True)
+            return self.cache[key]
+        metric = self._measure(trial, assignment)
+        values = self.values(metric, assignment)
+        self.cache[key] = values
+        return values
+
+    def _measure(self, trial: optuna.Trial, assignment: Assignment) -> float:
+        start = time.perf_counter()
+        model = self.quantizer.build(assignment)
+        payload = model.SerializeToString()
+        built = time.perf_counter()
+        session = create_session(payload, threads=self.spec.threads, label=f"trial {trial.number}")
+        opened = time.perf_counter()
+        self.evaluations += 1
+        total = len(self.evaluator.data)
+        first = max(1, total // self.spec.chunks)
+        result = self.evaluator.evaluate(session, limit=first if self.spec.chunks > 1 else None)
+        if result.samples < total:
+            if self._hopeless(trial, result.value, result.samples, assignment):
+                self._time(start, built, opened)
+                trial.set_user_attr("pruned_after", result.samples)
+                raise optuna.TrialPruned(f"metric {result.value:.4f} on {result.samples} "
+                                         "samples cannot reach the front")
+            result = self.evaluator.evaluate(session)
+        self._time(start, built, opened)
+        trial.set_user_attr("metrics", dict(result.metrics))
+        return result.value
+
+    def _time(self, start: float, built: float, opened: float) -> None:
+        self.timing["build"] += built - start
+        self.timing["session"] += opened - built
+        self.timing["inference"] += time.perf_counter() - opened
+
+    def _hopeless(self, trial: optuna.Trial, metric: float, samples: int,
+                  assignment: Assignment) -> bool:
+        """True when a finished trial at no larger size beats this one by a clear margin."""
+        slack = 3.0 * math.sqrt(0.25 / samples)  # 3 standard errors of a proportion
+        size = model_size(self.prepared.graph, self.prepared.profile, assignment)
+        optimistic = metric + slack if self.higher else metric - slack
+        if self.min_metric is not None and self._worse(optimistic, self.min_metric):
+            return True
+        for values in self.cache.values():
+            if values[1] <= size and self._worse(optimistic, values[0]):
+                return True
+        return False
+
+    def _worse(self, a: float, b: float) -> bool:
+        return a < b if self.higher else a > b
+
+
+def _noise_model(groups: Sequence[Group], sensitivity: Mapping[tuple[str, str], float]
+                 ) -> dict[tuple[str, str], float]:
+    """Group-level additive cost: the sum of its nodes' costs for each format."""
+    return {(g.name, fmt): sum(sensitivity.get((n, fmt), 0.0) for n in g.nodes)
+            for g in groups for fmt in g.formats}
+
+
+def _enqueue(study: optuna.Study, seeds: Sequence[Seed], groups: Sequence[Group]) -> None:
+    if study.user_attrs.get("seeded"):
+        return
+    for seed in seeds:
+        params = {g.name: g.formats.index(seed.formats[g.name]) for g in groups}
+        study.enqueue_trial(params, user_attrs={"source": seed.source}, skip_if_exists=True)
+    study.set_user_attr("seeded", True)
+
+
+def run_search(
+    prepared: Prepared, spec: SearchSpec, *, evaluator: Evaluator,
+    sensitivity: Mapping[tuple[str, str], float], run_dir: Path, resume: bool = False,
+    progress: bool = False,
+) -> SearchResult:
+    """Run (or resume) the search until the study holds ``spec.trials`` finished trials."""
+    graph, profile = prepared.graph, prepared.profile
+    groups = group_nodes(graph, profile, spec.formats)
+    if not groups:
+        raise SearchError(f"{graph.name}: no node can take a quantized format under profile "
+                          f"'{profile.name}'; nothing to search")
+    fp32 = evaluator.fp32().value
+    min_metric = spec.min_metric
+    if spec.max_metric_drop is not None:
+        drop = fp32 - spec.max_metric_drop if evaluator.primary.higher_is_better else None
+        min_metric = drop if min_metric is None or drop is None else max(min_metric, drop)
+    max_size = spec.max_size_bytes
+    if spec.use_memory_budget and profile.memory_budget_bytes is not None:
+        budget = profile.memory_budget_bytes
+        max_size = budget if max_size is None else min(max_size, budget)
+    noise = _noise_model(groups, sensitivity)
+    objective = _Objective(prepared, spec, groups, evaluator, noise, min_metric, max_size)
+    directions = ["maximize" if evaluator.primary.higher_is_better else "minimize", "minimize"]
+    if "latency" in spec.objectives:
+        directions.append("minimize")
+    study = open_study(spec, run_dir, directions=directions, resume=resume)
+    _restore_cache(study, objective)
+    _enqueue(study, seed_assignments(graph, profile, groups, noise), groups)
+    start = time.perf_counter()
+    done = _finished(study)
+    remaining = max(spec.trials - done, 0)
+    if remaining:
+        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = [
+            optuna.study.MaxTrialsCallback(spec.trials, states=states)]  # shared storages
+        if progress:
+            callbacks.append(_progress_callback(spec.trials, done, objective))
+        study.optimize(objective, n_trials=remaining, timeout=spec.timeout_s,
+                       gc_after_trial=False, callbacks=callbacks, catch=())
+    records = _records(study)
+    front = _front(records, min_metric, evaluator.primary.higher_is_better)
+    return SearchResult(trials=records, front=front, evaluations=objective.evaluations,
+                        seconds=time.perf_counter() - start, timing=dict(objective.timing))
+
+
+def _finished(study: optuna.Study) -> int:
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    return len(study.get_trials(deepcopy=False, states=states))
+
+
+def _restore_cache(study: optuna.Study, objective: _Objective) -> None:
+    """Resume: completed trials' values by assignment, so nothing is evaluated twice."""
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        formats = trial.user_attrs.get("assignment")
+        if formats:
+            assignment = make_assignment(objective.prepared.graph, objective.prepared.profile,
+                                         formats)
+            objective.cache[assignment.key()] = tuple(trial.values)
+
+
+def _progress_callback(
+    total: int, done: int, objective: _Objective
+) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, initial=done, desc="search", unit="trial")
+
+    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        bar.update(1)
+        best = [t.values[0] for t in study.best_trials] if study.best_trials else [float("nan")]
+        pick = max(best) if objective.higher else min(best)
+        bar.set_postfix(front=len(study.best_trials), best=f"{pick:.4f}",
+                        evals=objective.evaluations)
+        if bar.n >= total:
+            bar.close()
+
+    return callback
+
+
+def _records(study: optuna.Study) -> tuple[TrialRecord, ...]:
+    records = []
+    for trial in study.get_trials(deepcopy=False):
+        values = trial.values if trial.state == optuna.trial.TrialState.COMPLETE else None
+        formats = trial.user_attrs.get("assignment", {})
+        latency = values[2] if values is not None and len(values) > 2 else None
+        records.append(TrialRecord(
+            trial=trial.number, state=trial.state.name.lower(),
+            metric=None if values is None else float(values[0]),
+            size=int(values[1]) if values is not None else 0,
+            latency=None if latency is None or np.isnan(latency) else float(latency),
+            source=str(trial.user_attrs.get("source", "sampler")),
+            assignment=formats,
+        ))
+    return tuple(records)
+
+
+def _front(records: Sequence[TrialRecord], min_metric: float | None, higher: bool
+           ) -> tuple[TrialRecord, ...]:
+    """Feasible non-dominated records (metric vs size vs latency), one per assignment."""
+    sign = 1.0 if higher else -1.0
+    done = [r for r in records if r.metric is not None]
+    if min_metric is not None:
+        done = [r for r in done if sign * r.metric >= sign * min_metric]
+
+    def dominates(a: TrialRecord, b: TrialRecord) -> bool:
+        la = a.latency if a.latency is not None else 0.0
+        lb = b.latency if b.latency is not None else 0.0
+        no_worse = sign * a.metric >= sign * b.metric and a.size <= b.size and la <= lb
+        better = sign * a.metric > sign * b.metric or a.size < b.size or la < lb
+        return no_worse and better
+
+    unique: dict[str, TrialRecord] = {}
+    for record in done:
+        key = repr(sorted(record.assignment.items()))
+        unique.setdefault(key, record)
+    front = [r for r in unique.values() if not any(dominates(o, r) for o in unique.values())]
+    return tuple(sorted(front, key=lambda r: (r.size, -sign * (r.metric or 0.0))))
+
+
+def default_run_dir(spec: SearchSpec) -> Path:
+    stem = Path(spec.path).stem if spec.path else "search"
+    return Path(os.getcwd()) / "runs" / stem

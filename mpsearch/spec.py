@@ -1,0 +1,140 @@
+"""Search specs: a YAML file -> a frozen, validated :class:`SearchSpec`.
+
+Parsed once, strictly, at the edge: an unknown key is an error with the file, the line and
+"did you mean"; paths are resolved relative to the spec file. Example (``searches/demo.yaml``)::
+
+    model: ../mpsearch/demo/demo.onnx
+    profile: x86_ort
+    data: {source: ../mpsearch/demo/demo_data.npz, calibration: 128, held_out: 0.5, seed: 0}
+    metric: accuracy
+    objectives: [metric, size]
+    constraints: {max_metric_drop: 0.05}
+    budget: {trials: 60}
+    sampler: auto
+    seed: 0
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from mpsearch._yaml import Section, load_yaml
+from mpsearch.errors import SpecError
+
+__all__ = ["SAMPLER_NAMES", "SearchSpec", "load_spec"]
+
+SAMPLER_NAMES = ("auto", "tpe", "nsga2", "random")
+OBJECTIVES = ("metric", "size", "latency")
+METHODS = ("minmax", "percentile", "entropy", "mse")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchSpec:
+    """Everything one search needs; ``to_dict()`` is written to the run directory."""
+
+    model: str
+    profile: str
+    data: str
+    calibration_samples: int = 256
+    held_out: float = 0.5
+    data_seed: int = 0
+    metric: str | None = None
+    objectives: tuple[str, ...] = ("metric", "size")
+    min_metric: float | None = None
+    max_metric_drop: float | None = None
+    max_size_bytes: int | None = None
+    use_memory_budget: bool = True
+    trials: int = 100
+    timeout_s: float | None = None
+    sampler: str = "auto"
+    seed: int = 0
+    storage: str | None = None
+    study: str | None = None
+    method: str = "minmax"
+    batch_size: int = 64
+    threads: int = 2
+    formats: tuple[str, ...] | None = None
+    sensitivity_limit: int | None = None
+    chunks: int = 4
+    path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def with_overrides(self, **changes: Any) -> SearchSpec:
+        """A copy with the non-None ``changes`` applied (CLI flags)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def _path(section: Section, key: str, base: Path) -> str:
+    value = section.get_str(key)
+    if ":" in value and not os.path.exists(value) and not value.endswith((".onnx", ".npz")):
+        return value  # a `module:function` data reader
+    path = Path(value)
+    return str(path if path.is_absolute() else (base / path).resolve())
+
+
+def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
+    """Read and validate a search spec (:class:`SpecError` with file:line on any problem)."""
+    file = os.fspath(path)
+    if not os.path.isfile(file):
+        raise SpecError(f"{file}: no such search spec; check the path")
+    root = Section.root(load_yaml(file, SpecError), file, SpecError)
+    root.check_keys(
+        ("model", "profile", "data", "metric", "objectives", "constraints", "budget",
+         "sampler", "seed", "storage", "study", "calibration", "formats", "evaluation"),
+        required=("model", "profile", "data"),
+    )
+    base = Path(file).resolve().parent
+    data = root.section("data")
+    data.check_keys(("source", "calibration", "held_out", "seed"), required=("source",))
+    constraints = root.section("constraints", default=None)
+    constraints.check_keys(("min_metric", "max_metric_drop", "max_size_bytes",
+                            "memory_budget"))
+    budget = root.section("budget", default=None)
+    budget.check_keys(("trials", "timeout_s"))
+    calibration = root.section("calibration", default=None)
+    calibration.check_keys(("method",))
+    evaluation = root.section("evaluation", default=None)
+    evaluation.check_keys(("batch_size", "threads", "chunks", "sensitivity_samples"))
+    profile = root.get_str("profile")
+    if profile.endswith((".yaml", ".yml")):
+        profile = str((base / profile).resolve())
+    objectives = root.get_str_list("objectives", ("metric", "size"), choices=OBJECTIVES,
+                                   non_empty=True)
+    if "metric" not in objectives or len(objectives) < 2:
+        root.fail("objectives", "objectives must include 'metric' and at least one of "
+                  "'size', 'latency'")
+    held_out = data.get_float("held_out", 0.5, minimum=0.0)
+    if held_out >= 1.0:
+        data.fail("held_out", f"data.held_out must be below 1, got {held_out}")
+    return SearchSpec(
+        model=_path(root, "model", base),
+        profile=profile,
+        data=_path(data, "source", base),
+        calibration_samples=data.get_int("calibration", 256, minimum=1),
+        held_out=held_out,
+        data_seed=data.get_int("seed", 0),
+        metric=root.get_str("metric", None),
+        objectives=objectives,
+        min_metric=constraints.get_float("min_metric", None),
+        max_metric_drop=constraints.get_float("max_metric_drop", None, minimum=0.0),
+        max_size_bytes=constraints.get_int("max_size_bytes", None, minimum=1),
+        use_memory_budget=constraints.get_bool("memory_budget", True),
+        trials=budget.get_int("trials", 100, minimum=1),
+        timeout_s=budget.get_float("timeout_s", None, positive=True),
+        sampler=root.get_str("sampler", "auto", choices=SAMPLER_NAMES),
+        seed=root.get_int("seed", 0),
+        storage=root.get_str("storage", None),
+        study=root.get_str("study", None),
+        method=calibration.get_str("method", "minmax", choices=METHODS),
+        batch_size=evaluation.get_int("batch_size", 64, minimum=1),
+        threads=evaluation.get_int("threads", 2, minimum=1),
+        chunks=evaluation.get_int("chunks", 4, minimum=1),
+        sensitivity_limit=evaluation.get_int("sensitivity_samples", None, minimum=1),
+        formats=root.get_str_list("formats", None, non_empty=True),
+        path=file,
+    )

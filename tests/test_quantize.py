@@ -1,0 +1,185 @@
+"""QDQ builder: numerics against NumPy fake quantization, every fixture x every shipped profile,
+determinism, size without building, and clear errors for bad assignments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from mpsearch.assignment import make_assignment, model_size, uniform_assignment
+from mpsearch.calibrate import calibrate
+from mpsearch.data import Dataset, load_data
+from mpsearch.errors import MpsearchError, QuantizationError
+from mpsearch.graph import ModelGraph, load_model
+from mpsearch.profiles import list_profiles, load_profile
+from mpsearch.quantize import Quantizer, build_qdq, qparams
+from mpsearch.runtime import create_session
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MODELS = ["resnet", "mobilenetv2", "efficientnet", "squeezenet", "shufflenet", "transformer",
+          "sensitive"]
+
+
+def _gemm_relu() -> ModelGraph:
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((4, 8)).astype(np.float32)
+    bias = rng.standard_normal(4).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "W", "B"], ["g"], transB=1, name="gemm"),
+         helper.make_node("Relu", ["g"], ["y"], name="relu")],
+        "gemm_relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "B")])
+    return load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def _fq(x: np.ndarray, scale: np.ndarray, zero: np.ndarray, dtype: str) -> np.ndarray:
+    lo, hi = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535),
+              "int16": (-32768, 32767)}[dtype]
+    zero = zero.astype(np.float64)
+    return ((np.clip(np.round(x / scale) + zero, lo, hi) - zero) * scale).astype(np.float32)
+
+
+def _expected(graph: ModelGraph, table: object, x: np.ndarray, gemm: str, relu: str
+              ) -> tuple[np.ndarray, float]:
+    """NumPy fake quantization of the Gemm -> Relu model; returns (y, output step)."""
+    def act(tensor: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+        bits = 16 if "16" in dtype else 8
+        lo, hi = table.range(tensor, bits=bits, symmetric=False)  # type: ignore[attr-defined]
+        return qparams(lo, hi, dtype, symmetric=False)
+
+    adt = {"int8": "uint8", "int16": "uint16"}
+    s_x, z_x = act("x", adt[gemm])
+    w, b = graph.initializers["W"], graph.initializers["B"]
+    s_w, _ = qparams(w.min(axis=1), w.max(axis=1), "int8", symmetric=True)
+    wq = _fq(w, s_w[:, None], np.zeros((4, 1)), "int8")
+    s_b = (s_x.astype(np.float64) * s_w).astype(np.float32)
+    bq = np.round(b / s_b) * s_b
+    g = _fq(x, s_x, z_x, adt[gemm]) @ wq.T + bq
+    s_g, z_g = act("g", adt[gemm])
+    g = _fq(g, s_g, z_g, adt[gemm])
+    if relu != gemm:
+        g = _fq(g, *act("g", adt[relu]), adt[relu])
+    s_y, z_y = act("y", adt[relu])
+    return _fq(np.maximum(g, 0), s_y, z_y, adt[relu]), float(s_y)
+
+
+@pytest.mark.parametrize(("gemm", "relu"), [("int8", "int8"), ("int16", "int16"),
+                                            ("int8", "int16")])
+def test_numerics_match_numpy_fake_quantization(gemm: str, relu: str) -> None:
+    graph = _gemm_relu()
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((64, 8)).astype(np.float32)
+    data = Dataset(inputs={"x": x}, labels=None, source="random")
+    table = calibrate(graph, data)
+    profile = load_profile("x86_ort")
+    model = build_qdq(graph, table, profile, make_assignment(
+        graph, profile, {"gemm": gemm, "relu": relu}))
+    expected, step = _expected(graph, table, x, gemm, relu)
+    emulated = create_session(model, optimize=False).run({"x": x})["y"]
+    np.testing.assert_allclose(emulated, expected, rtol=0, atol=1e-5 + 1e-3 * step)
+    fused = create_session(model).run({"x": x})["y"]  # ORT's integer kernels where it fuses
+    np.testing.assert_allclose(fused, expected, rtol=0, atol=1.01 * step)
+
+
+@pytest.fixture(scope="module")
+def digits() -> Dataset:
+    return load_data(FIXTURES / "digits_eval.npz")
+
+
+@pytest.fixture(scope="module")
+def tables(digits: Dataset) -> dict[str, tuple[ModelGraph, object]]:
+    calib = digits.take(48)
+    out = {}
+    for name in MODELS:
+        graph = load_model(FIXTURES / f"{name}.onnx")
+        out[name] = (graph, calibrate(graph, calib))
+    return out
+
+
+def _initializer_bytes(model: onnx.ModelProto) -> int:
+    return sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
+
+
+def _configs(graph: ModelGraph, profile_name: str) -> list[dict[str, str]]:
+    profile = load_profile(profile_name)
+    configs = []
+    for fmt in profile.formats:
+        configs.append(dict(uniform_assignment(graph, profile, fmt)))
+    rng = np.random.default_rng(7)
+    for _ in range(2):
+        configs.append({n.name: str(rng.choice(profile.formats_for_node(n)))
+                        for n in graph.nodes.values()})
+    return configs
+
+
+@pytest.mark.parametrize("profile_name", list_profiles())
+@pytest.mark.parametrize("name", MODELS)
+def test_every_fixture_builds_under_every_profile(
+    name: str, profile_name: str, tables: dict[str, tuple[ModelGraph, object]], digits: Dataset
+) -> None:
+    graph, table = tables[name]
+    profile = load_profile(profile_name)
+    try:
+        configs = _configs(graph, profile_name)
+    except MpsearchError as e:  # the target cannot run some op at all (fallback: error)
+        assert "\n" not in str(e) and profile.fallback == "error"
+        pytest.skip(f"{profile_name} cannot run {name}: {e}")
+    quantizer = Quantizer(graph, table, profile)  # type: ignore[arg-type]
+    feeds = next(iter(digits.batches(8)))
+    for formats in configs:
+        assignment = make_assignment(graph, profile, formats)
+        model = quantizer.build(assignment)
+        onnx.checker.check_model(model, full_check=True)
+        out = create_session(model).run(feeds)[graph.outputs[0].name]
+        assert np.isfinite(out).all()
+        assert model_size(graph, profile, assignment) == _initializer_bytes(model)
+        again = Quantizer(graph, table, profile).build(assignment)  # type: ignore[arg-type]
+        assert again.SerializeToString(deterministic=True) == model.SerializeToString(
+            deterministic=True)
+
+
+def test_int8_weights_are_stored_quantized(tables: dict[str, tuple[ModelGraph, object]]) -> None:
+    graph, table = tables["resnet"]
+    profile = load_profile("x86_ort")
+    model = build_qdq(graph, table, profile,  # type: ignore[arg-type]
+                      uniform_assignment(graph, profile, "int8"))
+    dtypes = {t.data_type for t in model.graph.initializer if len(t.dims) == 4}
+    assert dtypes == {TensorProto.INT8}
+    assert _initializer_bytes(model) < 0.3 * _initializer_bytes(graph.model)
+    per_channel = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and
+                   any(a.name == "axis" for a in n.attribute)]
+    assert per_channel
+
+
+def test_sixteen_bit_uses_microsoft_domain_below_opset_21(
+    tables: dict[str, tuple[ModelGraph, object]]
+) -> None:
+    graph, table = tables["mobilenetv2"]
+    profile = load_profile("x86_ort")
+    model = build_qdq(graph, table, profile,  # type: ignore[arg-type]
+                      uniform_assignment(graph, profile, "int16"))
+    q16 = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert q16 and all(n.domain == "com.microsoft" for n in q16)
+
+
+def test_unknown_node_is_a_clear_error(tables: dict[str, tuple[ModelGraph, object]]) -> None:
+    graph, _ = tables["resnet"]
+    profile = load_profile("x86_ort")
+    name = graph.order[0]
+    with pytest.raises(QuantizationError, match=f"did you mean '{name}'"):
+        make_assignment(graph, profile, {name + "x": "int8"})
+
+
+def test_forbidden_format_is_a_clear_error(tables: dict[str, tuple[ModelGraph, object]]) -> None:
+    graph, _ = tables["shufflenet"]
+    profile = load_profile("x86_ort")
+    reshape = next(n for n in graph.nodes.values() if n.op_type == "Reshape")
+    with pytest.raises(QuantizationError, match=r"does not allow format 'int8' for Reshape"):
+        make_assignment(graph, profile, {reshape.name: "int8"})
+    with pytest.raises(MpsearchError, match="no format 'int4'"):
+        uniform_assignment(graph, profile, "int4")

@@ -1,0 +1,208 @@
+"""The search: space and seeds, a real Optuna study end to end, kill-and-resume, two workers on
+PostgreSQL, export of a front point re-measured on held-out data."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+
+from mpsearch._search_seeds import Group, group_nodes, knapsack
+from mpsearch.cli import main
+from mpsearch.graph import load_model
+from mpsearch.profiles import load_profile
+from mpsearch.runs import export_point, search
+from mpsearch.spec import load_spec
+
+ROOT = Path(__file__).parent.parent
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _spec(tmp_path: Path, model: str = "sensitive", trials: int = 14, extra: str = "") -> Path:
+    path = tmp_path / f"{model}.yaml"
+    path.write_text(
+        f"model: {FIXTURES / (model + '.onnx')}\n"
+        "profile: x86_ort\n"
+        f"data: {{source: {FIXTURES / 'digits_eval.npz'}, calibration: 64, held_out: 0.5}}\n"
+        "metric: accuracy\n"
+        f"budget: {{trials: {trials}}}\n"
+        "evaluation: {sensitivity_samples: 96}\n"
+        f"seed: 0\n{extra}"
+    )
+    return path
+
+
+def test_knapsack_matches_brute_force() -> None:
+    rng = np.random.default_rng(3)
+    groups = [Group(name=f"g{i}", nodes=(f"g{i}",), formats=("int8", "int16", "fp32"))
+              for i in range(6)]
+    cost, extra = {}, {}
+    for g in groups:
+        noise = rng.uniform(0.001, 0.1)
+        size = float(rng.integers(100, 1000))
+        cost.update({(g.name, "int8"): noise, (g.name, "int16"): noise / 50,
+                     (g.name, "fp32"): 0.0})
+        extra.update({(g.name, "int8"): 0.0, (g.name, "int16"): size / 2,
+                      (g.name, "fp32"): size * 3})
+    capacity = 2500.0
+    best = min(
+        (sum(cost[(g.name, f)] for g, f in zip(groups, choice, strict=True)), choice)
+        for choice in itertools.product(*(g.formats for g in groups))
+        if sum(extra[(g.name, f)] for g, f in zip(groups, choice, strict=True)) <= capacity
+    )
+    found = knapsack(groups, cost, extra, capacity, bins=5000)
+    assert found is not None
+    assert sum(extra[(g, f)] for g, f in found.items()) <= capacity
+    assert sum(cost[(g, f)] for g, f in found.items()) == pytest.approx(best[0], rel=1e-6)
+
+
+def test_groups_cover_quantizable_nodes_once() -> None:
+    graph = load_model(FIXTURES / "resnet.onnx")
+    profile = load_profile("x86_ort")
+    groups = group_nodes(graph, profile)
+    members = [n for g in groups for n in g.nodes]
+    assert len(members) == len(set(members))
+    assert all(graph.nodes[g.name].weights for g in groups if len(g.nodes) > 1)
+    assert all(g.formats == ("int8", "int16", "fp32") for g in groups)
+    assert len(groups) < len(graph.quantizable_nodes())  # activations follow their producer
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("search")
+    run = search(load_spec(_spec(tmp)), tmp / "run")
+    assert run.front
+    return run.run_dir
+
+
+def test_search_writes_a_front(finished_run: Path) -> None:
+    front = json.loads((finished_run / "front.json").read_text())
+    points = front["points"]
+    assert points and front["metric"] == "accuracy"
+    sizes = [p["size"] for p in points]
+    metrics = [p["search_metric"] for p in points]
+    assert sizes == sorted(sizes)
+    assert all(b > a for a, b in zip(metrics, metrics[1:], strict=False))  # non-dominated
+    assert front["fp32"]["size"] > min(sizes)
+    assert "int8" in front["uniform"]
+    trials = (finished_run / "trials.csv").read_text().splitlines()
+    assert trials[0].startswith("trial,state,metric,size") and len(trials) == 15
+    assert any("uniform int8" in line for line in trials)
+    assert any("knapsack" in line or "greedy" in line for line in trials)
+
+
+def test_front_dominates_uniform_int8_on_the_sensitive_model(finished_run: Path) -> None:
+    front = json.loads((finished_run / "front.json").read_text())
+    int8 = front["uniform"]["int8"]
+    fp32 = front["fp32"]
+    assert fp32["metric"] - int8["metric"] >= 0.03  # the fixture is built to be hard for INT8
+    best_small = [p for p in front["points"] if p["size"] <= 1.25 * int8["size"]]
+    assert max(p["metric"] for p in best_small) >= fp32["metric"] - 0.01
+
+
+def test_export_matches_the_front(finished_run: Path, tmp_path: Path) -> None:
+    front = json.loads((finished_run / "front.json").read_text())
+    k = len(front["points"]) - 1
+    result = export_point(finished_run, k, tmp_path / "point.onnx")
+    assert result.path.is_file()
+    assert result.evaluation.value == pytest.approx(front["points"][k]["metric"], abs=1e-9)
+    assert result.size == front["points"][k]["size"]
+
+
+def test_study_is_a_real_journal(finished_run: Path) -> None:
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(finished_run / "study.journal")))
+    study = optuna.load_study(study_name="mpsearch", storage=storage)
+    assert len(study.trials) == 14 and len(study.directions) == 2
+
+
+def test_rerun_without_resume_refuses(finished_run: Path, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    spec = _spec(tmp_path)
+    assert main(["search", str(spec), "--out", str(finished_run), "-q", "--no-report"]) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+def _completed(journal: Path) -> int:
+    if not journal.exists():
+        return 0
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(journal)))
+    try:
+        study = optuna.load_study(study_name="mpsearch", storage=storage)
+    except KeyError:
+        return 0
+    return len(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)))
+
+
+def test_killed_search_resumes_with_every_finished_trial(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, trials=24)
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "mpsearch", "-q", "search", str(spec), "--out",
+               str(run_dir), "--no-report"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    journal = run_dir / "study.journal"
+    deadline = time.time() + 240
+    while _completed(journal) < 6 and time.time() < deadline and process.poll() is None:
+        time.sleep(0.5)
+    assert process.poll() is None, "the search finished before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(journal)))
+    before = {t.number: t.values for t in optuna.load_study(
+        study_name="mpsearch", storage=storage).get_trials(
+            states=(optuna.trial.TrialState.COMPLETE,))}
+    assert 6 <= len(before) < 24
+    assert main(["-q", "search", str(spec), "--out", str(run_dir), "--resume",
+                 "--no-report"]) in (0, 1)
+    after = optuna.load_study(study_name="mpsearch", storage=storage).get_trials()
+    done = {t.number: t.values for t in after if t.state == optuna.trial.TrialState.COMPLETE}
+    assert all(done[n] == v for n, v in before.items())  # nothing lost, nothing re-run
+    finished = [t for t in after if t.state in (optuna.trial.TrialState.COMPLETE,
+                                                optuna.trial.TrialState.PRUNED)]
+    assert len(finished) == 24
+
+
+def _postgres_url() -> str | None:
+    url = os.environ.get("MPSEARCH_TEST_POSTGRES")
+    if url:
+        return url
+    try:
+        socket.create_connection(("127.0.0.1", 5432), timeout=1).close()
+    except OSError:
+        return None
+    return "postgresql://mpsearch:mpsearch@127.0.0.1:5432/mpsearch"
+
+
+@pytest.mark.skipif(_postgres_url() is None, reason="no PostgreSQL on 127.0.0.1:5432 "
+                    "(.ci/run starts one)")
+def test_two_workers_share_one_postgres_study(tmp_path: Path) -> None:
+    pytest.importorskip("psycopg2")
+    url = _postgres_url()
+    assert url is not None
+    study = f"t{os.getpid()}_{int(time.time())}"
+    spec = _spec(tmp_path, trials=16)
+    workers = [subprocess.Popen(
+        [sys.executable, "-m", "mpsearch", "-q", "search", str(spec), "--out",
+         str(tmp_path / f"w{i}"), "--storage", url, "--study", study, "--no-report"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+    outputs = [w.communicate(timeout=600) for w in workers]
+    assert all(w.returncode in (0, 1) for w in workers), outputs
+    trials = optuna.load_study(study_name=study, storage=url).get_trials()
+    finished = [t for t in trials if t.state.is_finished()]
+    assert len(finished) >= 16
+    workers_seen = {t.user_attrs.get("worker") for t in finished}
+    assert len(workers_seen) == 2, workers_seen
+    shutil.rmtree(tmp_path / "w0", ignore_errors=True)

@@ -1,0 +1,73 @@
+"""Search specs: strict loading, one-line errors, and every shipped spec validates and dry-runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mpsearch.cli import main
+from mpsearch.errors import SpecError
+from mpsearch.runs import dry_run
+from mpsearch.spec import load_spec
+
+ROOT = Path(__file__).parent.parent
+SPECS = sorted((ROOT / "searches").glob("*.yaml"))
+
+GOOD = """\
+model: ../tests/fixtures/resnet.onnx
+profile: x86_ort
+data: {source: ../tests/fixtures/digits_eval.npz, calibration: 64}
+budget: {trials: 5}
+"""
+
+BAD = [
+    ("modle: x.onnx\nprofile: x86_ort\ndata: {source: d.npz}\n",
+     r"spec\.yaml:1: unknown key 'modle' at top level; did you mean 'model'\?"),
+    ("model: m.onnx\nprofile: x86_ort\n", r"spec\.yaml:1: missing key 'data'"),
+    ("model: m.onnx\nprofile: x86_ort\ndata: {source: d.npz, held_out: 1.5}\n",
+     r"data\.held_out must be below 1, got 1\.5"),
+    (GOOD + "sampler: cmaes\n",
+     r"spec\.yaml:5: sampler must be one of auto, tpe, nsga2, random, got 'cmaes'"),
+    (GOOD.replace("trials: 5", "trials: many"),
+     r"spec\.yaml:4: budget\.trials must be an integer, got 'many'"),
+    (GOOD + "objectives: [size]\n", r"objectives must include 'metric'"),
+    (GOOD + "constraints: {max_metric_dorp: 0.01}\n",
+     r"unknown key 'max_metric_dorp' in constraints; did you mean 'max_metric_drop'\?"),
+    (GOOD + "calibration: {method: kl}\n", r"calibration\.method must be one of minmax"),
+]
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "sub").mkdir(exist_ok=True)
+    path = tmp_path / "sub" / "spec.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(("text", "message"), BAD)
+def test_malformed_specs(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(SpecError, match=message) as info:
+        load_spec(_write(tmp_path, text))
+    assert "\n" not in str(info.value)
+
+
+def test_paths_resolve_relative_to_the_spec() -> None:
+    spec = load_spec(ROOT / "searches" / "demo.yaml")
+    assert Path(spec.model).is_file() and Path(spec.data).is_file()
+    assert spec.objectives[0] == "metric" and spec.trials > 0
+
+
+def test_cli_bad_spec_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, BAD[0][0])
+    assert main(["search", str(path), "--out", str(tmp_path / "run")]) == 2
+    assert "did you mean 'model'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+def test_shipped_specs_validate_and_dry_run(path: Path, tmp_path: Path) -> None:
+    spec = load_spec(path)
+    plan = dry_run(spec, tmp_path / "run")
+    assert plan.dimensions > 0
+    assert plan.seeds >= 2  # at least uniform low precision and uniform float
+    assert plan.fp32_size > plan.smallest_size
