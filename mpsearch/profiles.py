@@ -1,0 +1,408 @@
+"""Hardware profiles: what a target can run, in which numeric formats, and at what cost.
+
+Consumes a YAML profile (a path, or the name of a shipped profile in ``hw_profiles/``);
+produces a frozen :class:`HardwareProfile` that later stages query: the formats allowed for a
+node (:meth:`HardwareProfile.formats_for_node`), what a format means in dtypes
+(:meth:`HardwareProfile.format`, :meth:`HardwareProfile.weight_format`), the relative cost of a
+node in a format (:meth:`HardwareProfile.relative_cost`) and the memory budget.
+
+Costs are relative: each format's ``relative_cost`` is its compute time per MAC relative to the
+profile's ``cost_reference`` format (cost 1.0; normally ``fp32``, or ``int8`` on targets where
+float runs off the accelerator). ``None`` everywhere means "unknown", never zero.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from mpsearch._yaml import suggest
+from mpsearch.errors import ProfileError
+
+__all__ = [
+    "ACTIVATION_DTYPES",
+    "BIAS_DTYPES",
+    "EXECUTES",
+    "FALLBACKS",
+    "GRANULARITIES",
+    "SCALES",
+    "SCHEMA_VERSION",
+    "WEIGHT_DTYPES",
+    "Format",
+    "HardwareProfile",
+    "NodeLike",
+    "OpRule",
+    "TensorFormat",
+    "list_profiles",
+    "load_profile",
+    "validate_profile_file",
+]
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+ACTIVATION_DTYPES = ("int8", "uint8", "int16", "uint16", "float32", "float16")
+WEIGHT_DTYPES = ACTIVATION_DTYPES
+BIAS_DTYPES = ("int32", "float32", "float16")
+GRANULARITIES = ("per_tensor", "per_channel")
+SCALES = ("float", "pow2")
+EXECUTES = ("accelerator", "cpu_fallback", "emulated")
+FALLBACKS = ("per_op", "after_first_unsupported", "error")
+
+_INT_DTYPES = ("int8", "uint8", "int16", "uint16")
+_BITS = {"int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "float16": 16, "float32": 32}
+# Natural output-channel axis of the weight, by op type (Gemm depends on transB).
+_NATURAL_AXIS = {"Conv": 0, "ConvTranspose": 1, "MatMul": -1}
+
+
+def _frozen_map(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    return value if isinstance(value, MappingProxyType) else MappingProxyType(dict(value))
+
+
+def _check_choice(owner: str, name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ProfileError(f"{owner}.{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TensorFormat:
+    """How one tensor (activation or weight) is stored.
+
+    ``symmetric``: the range is centred on zero, so the zero-point is fixed: 0 for signed
+    dtypes, the midpoint (128, 32768) for unsigned ones, as ONNX Runtime's quantizer does.
+    ``axis`` overrides the op's natural output-channel axis for per-channel quantization.
+    ``narrow_range`` drops the most negative code of a signed type ([-127, 127] for int8, as
+    TensorRT and LiteRT weights use); ONNX Runtime's default is the full range [-128, 127].
+    """
+
+    dtype: str
+    symmetric: bool = False
+    granularity: str = "per_tensor"
+    axis: int | None = None
+    scale: str = "float"
+    narrow_range: bool = False
+
+    def __post_init__(self) -> None:
+        _check_choice("TensorFormat", "dtype", self.dtype, ACTIVATION_DTYPES)
+        _check_choice("TensorFormat", "granularity", self.granularity, GRANULARITIES)
+        _check_choice("TensorFormat", "scale", self.scale, SCALES)
+
+    @property
+    def bits(self) -> int:
+        """Storage width: 8, 16 or 32."""
+        return _BITS[self.dtype]
+
+    @property
+    def is_float(self) -> bool:
+        """True for float16/float32 (not quantized)."""
+        return self.dtype.startswith("float")
+
+    @property
+    def is_signed(self) -> bool:
+        """True for int8/int16 (and floats)."""
+        return not self.dtype.startswith("uint")
+
+    @property
+    def qmin(self) -> int:
+        """Smallest integer code (raises ProfileError for float dtypes)."""
+        self._require_int()
+        if not self.is_signed:
+            return 0
+        return -(1 << (self.bits - 1)) + (1 if self.narrow_range else 0)
+
+    @property
+    def qmax(self) -> int:
+        """Largest integer code (raises ProfileError for float dtypes)."""
+        self._require_int()
+        return (1 << self.bits) - 1 if not self.is_signed else (1 << (self.bits - 1)) - 1
+
+    def _require_int(self) -> None:
+        if self.is_float:
+            raise ProfileError(f"dtype {self.dtype} has no integer range; it is not quantized")
+
+    def to_dict(self) -> dict[str, Any]:
+        """YAML/JSON form, as a profile file writes it."""
+        if self.is_float:
+            return {"dtype": self.dtype}
+        return {"dtype": self.dtype, "symmetric": self.symmetric,
+                "granularity": self.granularity, "axis": self.axis, "scale": self.scale,
+                "narrow_range": self.narrow_range}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Format:
+    """One option the search may assign to a node, e.g. ``int8`` = W8A8.
+
+    ``executes``: ``accelerator`` (native), ``cpu_fallback`` (runs off the accelerator) or
+    ``emulated`` (Q/DQ around a float kernel, e.g. int16 on the ORT CPU EP).
+    ``relative_cost``: compute time per MAC relative to the profile's ``cost_reference``
+    (None = unknown).
+    """
+
+    name: str
+    activation: TensorFormat
+    weight: TensorFormat
+    bias: str
+    executes: str
+    relative_cost: float | None
+
+    def __post_init__(self) -> None:
+        _check_choice(f"Format {self.name}", "bias", self.bias, BIAS_DTYPES)
+        _check_choice(f"Format {self.name}", "executes", self.executes, EXECUTES)
+
+    @property
+    def is_float(self) -> bool:
+        """True when neither activations nor weights are quantized (e.g. fp32, fp16)."""
+        return self.activation.is_float and self.weight.is_float
+
+    @property
+    def rank(self) -> int:
+        """Sort key for the search's ordered encoding: int8 < int16 < fp16 < fp32."""
+        return 10_000 * self.is_float + 100 * self.activation.bits + self.weight.bits
+
+    def to_dict(self) -> dict[str, Any]:
+        """YAML/JSON form, as a profile file writes it (without the name)."""
+        return {"activation": self.activation.to_dict(), "weight": self.weight.to_dict(),
+                "bias": self.bias, "executes": self.executes,
+                "relative_cost": self.relative_cost}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpRule:
+    """What one ONNX op type may take on a target.
+
+    ``fixed_qparams`` maps an activation dtype (or a format name that is not a dtype name) to
+    the (scale, zero_point) the target imposes on the op's output (16-bit Sigmoid on HTP).
+    ``cost`` overrides a format's ``relative_cost`` for this op (None = unknown).
+    """
+
+    op_type: str
+    formats: tuple[str, ...]
+    weight_granularity: str | None = None
+    weight_axis: int | None = None
+    fixed_qparams: Mapping[str, tuple[float, int]] = field(default_factory=dict)
+    same_input_precision: bool = False
+    same_input_scale: bool = False
+    cost: Mapping[str, float | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "formats", tuple(self.formats))
+        object.__setattr__(self, "fixed_qparams", _frozen_map(self.fixed_qparams))
+        object.__setattr__(self, "cost", _frozen_map(self.cost))
+
+    def qparams_for(self, fmt: Format) -> tuple[float, int] | None:
+        """The fixed (scale, zero_point) for ``fmt``: by activation dtype, then format name.
+
+        A key spelled like an integer dtype (``int16``) always means the dtype, even when a
+        format has the same name; other keys are format names.
+        """
+        found = self.fixed_qparams.get(fmt.activation.dtype)
+        if found is None and fmt.name not in _INT_DTYPES:
+            found = self.fixed_qparams.get(fmt.name)
+        return found
+
+    def to_dict(self) -> dict[str, Any]:
+        """YAML/JSON form, as a profile file writes it (without the op type)."""
+        out: dict[str, Any] = {
+            "formats": list(self.formats), "weight_granularity": self.weight_granularity,
+            "weight_axis": self.weight_axis,
+            "fixed_qparams": {k: list(v) for k, v in self.fixed_qparams.items()},
+            "same_input_precision": self.same_input_precision,
+            "same_input_scale": self.same_input_scale, "cost": dict(self.cost)}
+        return {k: v for k, v in out.items() if v is not None and v is not False and v != {}}
+
+
+class NodeLike(Protocol):
+    """What :meth:`HardwareProfile.formats_for_node` needs from a graph node."""
+
+    @property
+    def op_type(self) -> str: ...
+
+    @property
+    def quantizable(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HardwareProfile:
+    """A target: its formats, per-op rules, fallback behaviour and cost model.
+
+    ``fallback``: ``per_op`` (an unsupported op or format runs on the CPU),
+    ``after_first_unsupported`` (Edge TPU: everything after the first unsupported op runs on the
+    CPU) or ``error`` (the op lists are complete; anything else fails to compile).
+    ``transition_cost`` is the cost of one precision change per tensor element, in the units of
+    :meth:`relative_cost`.
+    ``memory_budget_bytes`` bounds the bytes of weights kept on the accelerator.
+    """
+
+    name: str
+    description: str
+    versions: str
+    sources: tuple[str, ...]
+    formats: Mapping[str, Format]
+    default_format: str
+    cost_reference: str
+    op_rules: Mapping[str, OpRule]
+    fallback: str
+    unlisted_ops: tuple[str, ...]
+    transition_cost: float | None
+    memory_budget_bytes: int | None
+    unknowns: tuple[str, ...] = ()
+    path: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_choice(f"profile {self.name}", "fallback", self.fallback, FALLBACKS)
+        used = [n for rule in self.op_rules.values() for n in rule.formats]
+        for name in (self.default_format, self.cost_reference, *self.unlisted_ops, *used):
+            if name not in self.formats:
+                raise ProfileError(f"profile {self.name}: format '{name}' is not defined; "
+                                   f"defined: {', '.join(sorted(self.formats))}")
+        object.__setattr__(self, "formats", _frozen_map(self.formats))
+        object.__setattr__(self, "op_rules", _frozen_map(self.op_rules))
+
+    # -- formats ---------------------------------------------------------------------------
+    def format(self, name: str) -> Format:
+        """The format called ``name``; ProfileError naming the valid ones otherwise."""
+        try:
+            return self.formats[name]
+        except KeyError:
+            raise ProfileError(f"profile {self.name} has no format '{name}'"
+                               f"{suggest(name, self.formats)}") from None
+
+    def _by_rank(self, names: Iterable[str]) -> tuple[str, ...]:
+        unique = set(names)
+        return tuple(sorted(unique, key=lambda n: (self.formats[n].rank, n)))
+
+    def lowest_formats(self) -> tuple[str, ...]:
+        """The defined formats of the lowest rank (several when they tie), by name."""
+        lowest = min(f.rank for f in self.formats.values())
+        return tuple(sorted(n for n, f in self.formats.items() if f.rank == lowest))
+
+    def op_rule(self, op_type: str) -> OpRule | None:
+        """The rule for ``op_type``, or None when the op is not listed."""
+        return self.op_rules.get(op_type)
+
+    def formats_for(self, op_type: str) -> tuple[str, ...]:
+        """Format names ``op_type`` may take, ordered by rank.
+
+        Listed ops take their rule's formats, others ``unlisted_ops``; unless ``fallback`` is
+        ``error`` the float ``default_format`` is always added. May be empty for an ``error``
+        profile (the op cannot run on this target).
+        """
+        rule = self.op_rules.get(op_type)
+        names = list(rule.formats if rule is not None else self.unlisted_ops)
+        if self.fallback != "error":
+            names.append(self.default_format)
+        return self._by_rank(names)
+
+    def formats_for_node(self, node: NodeLike) -> tuple[str, ...]:
+        """Formats for one graph node; a non-quantizable node gets only float formats.
+
+        Raises ProfileError when the node's op cannot run on this target at all.
+        """
+        names = self.formats_for(node.op_type)
+        if not node.quantizable:
+            floats = [n for n in names if self.formats[n].is_float]
+            names = (self.default_format,) if self.default_format in floats else tuple(floats)
+        if not names:
+            what = "op" if node.quantizable else "non-quantizable op"
+            raise ProfileError(
+                f"profile {self.name}: {what} {node.op_type} has no allowed format and fallback "
+                f"is 'error'; add an op_rules entry or pick another profile")
+        return names
+
+    def weight_format(self, op_type: str, format_name: str) -> TensorFormat:
+        """The weight format of ``format_name`` with the op's granularity/axis rules applied."""
+        weight = self.format(format_name).weight
+        rule = self.op_rules.get(op_type)
+        if rule is None or weight.is_float:
+            return weight
+        if rule.weight_granularity is not None:
+            weight = replace(weight, granularity=rule.weight_granularity)
+        if rule.weight_axis is not None:
+            weight = replace(weight, axis=rule.weight_axis)
+        return weight
+
+    def weight_axis(
+        self, op_type: str, attrs: Mapping[str, Any], *, weight_rank: int | None = None
+    ) -> int:
+        """Per-channel axis of the weight of an ``op_type`` node with ONNX attributes ``attrs``.
+
+        Order: the op rule's ``weight_axis``, then the natural output-channel axis (Conv 0,
+        ConvTranspose 1, Gemm transB=1 -> 0 else 1, MatMul last = -1, other ops 0). A negative
+        axis is made positive when ``weight_rank`` is given.
+        """
+        rule = self.op_rules.get(op_type)
+        if rule is not None and rule.weight_axis is not None:
+            axis = rule.weight_axis
+        elif op_type == "Gemm":
+            axis = 0 if int(attrs.get("transB", 0)) else 1
+        else:
+            axis = _NATURAL_AXIS.get(op_type, 0)
+        if axis < 0 and weight_rank is not None:
+            axis += weight_rank
+        return axis
+
+    def fixed_qparams(self, op_type: str, format_name: str) -> tuple[float, int] | None:
+        """(scale, zero_point) the target imposes on ``op_type``'s output in this format."""
+        fmt = self.format(format_name)
+        rule = self.op_rules.get(op_type)
+        return None if rule is None or fmt.activation.is_float else rule.qparams_for(fmt)
+
+    # -- costs -----------------------------------------------------------------------------
+    def format_cost(self, op_type: str, format_name: str) -> float | None:
+        """Cost per MAC of ``op_type`` in ``format_name`` (op override first); None = unknown."""
+        fmt = self.format(format_name)
+        if format_name not in self.formats_for(op_type):
+            raise ProfileError(
+                f"profile {self.name}: format '{format_name}' is not allowed for {op_type}; "
+                f"allowed: {', '.join(self.formats_for(op_type)) or 'none'}")
+        rule = self.op_rules.get(op_type)
+        if rule is not None and format_name in rule.cost:
+            return rule.cost[format_name]
+        return fmt.relative_cost
+
+    def relative_cost(self, op_type: str, format_name: str, macs: float) -> float | None:
+        """``macs`` times the format's cost for this op; None when the cost is unknown."""
+        cost = self.format_cost(op_type, format_name)
+        return None if cost is None else macs * cost
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved profile as a schema-1 mapping (loadable again; ``path`` left out)."""
+        return {
+            "schema": SCHEMA_VERSION, "name": self.name, "description": self.description,
+            "versions": self.versions, "sources": list(self.sources),
+            "formats": {n: f.to_dict() for n, f in self.formats.items()},
+            "default_format": self.default_format, "cost_reference": self.cost_reference,
+            "fallback": self.fallback, "unlisted_ops": list(self.unlisted_ops),
+            "op_rules": {op: r.to_dict() for op, r in self.op_rules.items()},
+            "transition_cost": self.transition_cost,
+            "memory_budget_bytes": self.memory_budget_bytes, "unknowns": list(self.unknowns),
+        }
+
+
+# -- loading -------------------------------------------------------------------------------
+def list_profiles() -> tuple[str, ...]:
+    """Names of the shipped profiles (top-level ``hw_profiles/``, then package data), sorted."""
+    from mpsearch import _profile_schema  # local import: the schema builds this module's types
+
+    return _profile_schema.list_shipped()
+
+
+def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
+    """Load and validate a profile from a YAML path or a shipped profile name (``x86_ort``)."""
+    from mpsearch import _profile_schema
+
+    path = _profile_schema.resolve_profile(name_or_path)
+    profile = _profile_schema.read_profile(path)
+    logger.debug("loaded hardware profile %s from %s", profile.name, path)
+    return profile
+
+
+def validate_profile_file(path: str | os.PathLike[str]) -> HardwareProfile:
+    """Load ``path`` as a profile file (for ``mpsearch profiles validate``)."""
+    return load_profile(Path(path))
