@@ -38,7 +38,8 @@ TOP_KEYS = ("schema", "name", "extends", "description", "versions", "sources", "
 REQUIRED_TOP = ("description", "versions", "sources", "formats", "default_format", "fallback",
                 "op_rules", "transition_cost", "memory_budget_bytes")
 FORMAT_KEYS = ("activation", "weight", "bias", "executes", "relative_cost")
-TENSOR_KEYS = ("dtype", "symmetric", "granularity", "axis", "scale", "narrow_range")
+TENSOR_KEYS = ("dtype", "symmetric", "granularity", "axis", "scale", "narrow_range",
+               "reduce_range")
 RULE_KEYS = ("formats", "exclude", "weight_granularity", "weight_axis", "fixed_qparams",
              "same_input_precision", "same_input_scale", "cost")
 INT_DTYPES = tuple(d for d in ACTIVATION_DTYPES if not d.startswith("float"))
@@ -240,7 +241,7 @@ def _parse_tensor(sec: Section, dtypes: tuple[str, ...]) -> TensorFormat:
                  f"got dtype {dtype}")
     return TensorFormat(dtype=dtype, symmetric=sec.get_bool("symmetric"), granularity=granularity,
                         axis=axis, scale=sec.get_str("scale", "float", choices=SCALES),
-                        narrow_range=narrow)
+                        narrow_range=narrow, reduce_range=sec.get_bool("reduce_range", False))
 
 
 # -- op rules ----------------------------------------------------------------------------------

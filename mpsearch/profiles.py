@@ -78,6 +78,9 @@ class TensorFormat:
     ``axis`` overrides the op's natural output-channel axis for per-channel quantization.
     ``narrow_range`` drops the most negative code of a signed type ([-127, 127] for int8, as
     TensorRT and LiteRT weights use); ONNX Runtime's default is the full range [-128, 127].
+    ``reduce_range`` keeps one bit free (int8 weights in [-64, 63]): ONNX Runtime's advice for
+    x86 CPUs without VNNI, whose VPMADDUBSW adds pairs of u8 x s8 products into a saturating
+    int16.
     """
 
     dtype: str
@@ -86,6 +89,7 @@ class TensorFormat:
     axis: int | None = None
     scale: str = "float"
     narrow_range: bool = False
+    reduce_range: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("TensorFormat", "dtype", self.dtype, ACTIVATION_DTYPES)
@@ -113,13 +117,17 @@ class TensorFormat:
         self._require_int()
         if not self.is_signed:
             return 0
-        return -(1 << (self.bits - 1)) + (1 if self.narrow_range else 0)
+        return -(1 << (self._bits - 1)) + (1 if self.narrow_range else 0)
 
     @property
     def qmax(self) -> int:
         """Largest integer code (raises ProfileError for float dtypes)."""
         self._require_int()
-        return (1 << self.bits) - 1 if not self.is_signed else (1 << (self.bits - 1)) - 1
+        return (1 << self._bits) - 1 if not self.is_signed else (1 << (self._bits - 1)) - 1
+
+    @property
+    def _bits(self) -> int:
+        return self.bits - 1 if self.reduce_range else self.bits
 
     def _require_int(self) -> None:
         if self.is_float:
@@ -131,7 +139,7 @@ class TensorFormat:
             return {"dtype": self.dtype}
         return {"dtype": self.dtype, "symmetric": self.symmetric,
                 "granularity": self.granularity, "axis": self.axis, "scale": self.scale,
-                "narrow_range": self.narrow_range}
+                "narrow_range": self.narrow_range, "reduce_range": self.reduce_range}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -43,14 +43,17 @@ _MS_DOMAIN = "com.microsoft"
 
 def qparams(
     lo: np.ndarray | float, hi: np.ndarray | float, dtype: str, *, symmetric: bool,
-    scale_form: str = "float", narrow_range: bool = False,
+    scale_form: str = "float", narrow_range: bool = False, reduce_range: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Scale (float32) and zero point (``dtype``) mapping [lo, hi] onto the integer grid.
 
     The range is widened to contain 0 (ONNX Runtime's rule). Symmetric signed grids put zero at
-    0 and use [-qmax, qmax]; symmetric unsigned grids put it at the midpoint.
+    0 and use [-qmax, qmax]; symmetric unsigned grids put it at the midpoint. ``reduce_range``
+    drops one bit (int8 in [-64, 63]).
     """
     qmin, qmax = _RANGE[dtype]
+    if reduce_range:
+        qmin, qmax = qmin // 2, qmax // 2
     if narrow_range and qmin < 0:
         qmin += 1
     lo = np.minimum(np.asarray(lo, dtype=np.float64), 0.0)
@@ -146,7 +149,8 @@ class Quantizer:
                 moved = np.moveaxis(array, axis, 0).reshape(channels, -1)
                 lo, hi = moved.min(axis=1), moved.max(axis=1)
             scale, zero = qparams(lo, hi, fmt.dtype, symmetric=fmt.symmetric,
-                                  scale_form=fmt.scale, narrow_range=fmt.narrow_range)
+                                  scale_form=fmt.scale, narrow_range=fmt.narrow_range,
+                                  reduce_range=fmt.reduce_range)
             if axis is None:
                 scale, zero = scale.reshape(()), zero.reshape(())
             codes = _quantize_array(array, scale, zero, fmt.dtype, axis)
