@@ -1,0 +1,95 @@
+"""Evaluation metrics against float ONNX Runtime, user metrics, and the assignment cost model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpsearch.assignment import estimate_latency, make_assignment, uniform_assignment
+from mpsearch.data import Dataset, load_data
+from mpsearch.errors import DataError, SpecError
+from mpsearch.evaluate import METRICS, Evaluator, resolve_metric
+from mpsearch.graph import load_model
+from mpsearch.profiles import load_profile
+from mpsearch.runtime import create_session
+from mpsearch.summary import summarize
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def digits() -> Dataset:
+    return load_data(FIXTURES / "digits_eval.npz")
+
+
+def test_fp32_metrics_match_onnxruntime(digits: Dataset) -> None:
+    graph = load_model(FIXTURES / "resnet.onnx")
+    evaluator = Evaluator(graph, digits, batch_size=50)
+    logits = create_session(FIXTURES / "resnet.onnx").run(dict(digits.inputs))["logits"]
+    assert digits.labels is not None
+    accuracy = float(np.mean(logits.argmax(1) == digits.labels))
+    result = evaluator.evaluate(graph.model)
+    assert result.primary == "accuracy"
+    assert result.value == pytest.approx(accuracy, abs=0)
+    assert result.metrics["agreement"] == 1.0
+    assert result.metrics["cosine"] == pytest.approx(1.0, abs=1e-6)
+    assert result.metrics["mse"] == pytest.approx(0.0, abs=1e-10)
+    top5 = float(np.mean((np.argsort(-logits, 1)[:, :5] == digits.labels[:, None]).any(1)))
+    assert result.metrics["top5"] == pytest.approx(top5, abs=0)
+
+
+def test_limit_scores_a_prefix(digits: Dataset) -> None:
+    graph = load_model(FIXTURES / "mobilenetv2.onnx")
+    evaluator = Evaluator(graph, digits, batch_size=64)
+    part = evaluator.evaluate(graph.model, limit=100)
+    assert part.samples == 100
+    assert part.value == pytest.approx(float(np.mean(
+        evaluator.reference[:100].argmax(1) == digits.labels[:100])), abs=0)  # type: ignore[index]
+
+
+def test_directions_are_declared() -> None:
+    assert METRICS["accuracy"].higher_is_better and METRICS["sqnr"].higher_is_better
+    assert not METRICS["mse"].higher_is_better
+
+
+def test_user_metric(tmp_path: Path, digits: Dataset, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "my_metrics.py").write_text(
+        "import numpy as np\n"
+        "def l1(outputs, reference, labels):\n"
+        "    return float(np.abs(outputs - reference).mean())\n"
+        "l1.higher_is_better = False\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    metric = resolve_metric("my_metrics:l1")
+    assert not metric.higher_is_better
+    graph = load_model(FIXTURES / "resnet.onnx")
+    result = Evaluator(graph, digits.take(32), metric="my_metrics:l1").evaluate(graph.model)
+    assert result.primary == "my_metrics:l1" and result.value == 0.0
+    sys.modules.pop("my_metrics", None)
+
+
+def test_unknown_metric_and_missing_labels(digits: Dataset) -> None:
+    with pytest.raises(SpecError, match="unknown metric 'acc'; use one of accuracy"):
+        resolve_metric("acc")
+    graph = load_model(FIXTURES / "resnet.onnx")
+    unlabelled = Dataset(inputs=dict(digits.inputs), labels=None, source="x.npz")
+    with pytest.raises(DataError, match="x.npz: metric 'accuracy' needs labels"):
+        Evaluator(graph, unlabelled, metric="accuracy")
+    assert Evaluator(graph, unlabelled.take(16)).primary.name == "agreement"
+
+
+def test_latency_estimate_follows_the_profile() -> None:
+    graph = load_model(FIXTURES / "resnet.onnx")
+    profile = load_profile("x86_ort")
+    summary = summarize(graph)
+    fp32 = estimate_latency(graph, summary, profile, {})
+    int8 = estimate_latency(graph, summary, profile, uniform_assignment(graph, profile, "int8"))
+    int16 = estimate_latency(graph, summary, profile, uniform_assignment(graph, profile, "int16"))
+    assert fp32 is not None and int8 is not None and int16 is not None
+    assert int8 < fp32 < int16  # int16 is emulated on the CPU: slower than float
+    unknown = load_profile("tensorrt")  # its int8 cost is not published: unknown, not zero
+    conv = next(n for n in graph.nodes.values() if n.op_type == "Conv")
+    assignment = make_assignment(graph, unknown, {conv.name: "int8"})
+    assert estimate_latency(graph, summary, unknown, assignment) is None
