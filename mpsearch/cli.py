@@ -14,9 +14,12 @@ import sys
 from collections.abc import Sequence
 
 from mpsearch import __version__
+from mpsearch._cli_analyze import add_analyze_parser
 from mpsearch._cli_calibrate import add_calibrate_parser
 from mpsearch._cli_pipeline import add_pipeline_parsers
 from mpsearch._cli_profiles import add_profiles_parser
+from mpsearch._cli_report import add_report_parser
+from mpsearch._cli_serve import add_serve_parser
 from mpsearch.errors import MpsearchError
 from mpsearch.graph import load_model
 from mpsearch.summary import format_summary, summarize
@@ -54,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_profiles_parser(commands)
     add_calibrate_parser(commands)
     add_pipeline_parsers(commands)
+    add_analyze_parser(commands)
+    add_report_parser(commands)
+    add_serve_parser(commands)
     return parser
 
 

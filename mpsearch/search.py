@@ -80,11 +80,13 @@ def _storage(url: str | None, run_dir: Path) -> optuna.storages.BaseStorage:
         return JournalStorage(JournalFileBackend(str(run_dir / "study.journal")))
     if "://" not in url:  # a journal file path
         return JournalStorage(JournalFileBackend(url))
+    if url.startswith(("postgresql://", "postgres://")):  # the driver mpsearch[postgres] installs
+        url = "postgresql+psycopg://" + url.split("://", 1)[1]
     try:
         return RDBStorage(url, heartbeat_interval=60, grace_period=120)
     except Exception as e:
         raise SearchError(f"cannot open Optuna storage '{url}' ({e}); check the URL and that "
-                          "the database driver (e.g. psycopg2-binary) is installed") from e
+                          "its driver is installed (pip install 'mpsearch[postgres]')") from e
 
 
 def open_study(
@@ -332,6 +334,8 @@ def _progress_callback(
 def _records(study: optuna.Study) -> tuple[TrialRecord, ...]:
     records = []
     for trial in study.get_trials(deepcopy=False):
+        if not trial.state.is_finished():  # seeds still queued, or a worker's running trial
+            continue
         values = trial.values if trial.state == optuna.trial.TrialState.COMPLETE else None
         formats = trial.user_attrs.get("assignment", {})
         latency = values[2] if values is not None and len(values) > 2 else None

@@ -124,13 +124,15 @@ def test_study_is_a_real_journal(finished_run: Path) -> None:
     storage = optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(finished_run / "study.journal")))
     study = optuna.load_study(study_name="mpsearch", storage=storage)
-    assert len(study.trials) == 14 and len(study.directions) == 2
+    finished = [t for t in study.trials if t.state.is_finished()]
+    assert len(finished) == 14 and len(study.directions) == 2
+    assert all(t.user_attrs["assignment"] for t in finished if t.values)
 
 
 def test_rerun_without_resume_refuses(finished_run: Path, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     spec = _spec(tmp_path)
-    assert main(["search", str(spec), "--out", str(finished_run), "-q", "--no-report"]) == 2
+    assert main(["-q", "search", str(spec), "--out", str(finished_run), "--no-report"]) == 2
     assert "--resume" in capsys.readouterr().err
 
 
@@ -189,7 +191,7 @@ def _postgres_url() -> str | None:
 @pytest.mark.skipif(_postgres_url() is None, reason="no PostgreSQL on 127.0.0.1:5432 "
                     "(.ci/run starts one)")
 def test_two_workers_share_one_postgres_study(tmp_path: Path) -> None:
-    pytest.importorskip("psycopg2")
+    pytest.importorskip("psycopg")
     url = _postgres_url()
     assert url is not None
     study = f"t{os.getpid()}_{int(time.time())}"
