@@ -1,0 +1,427 @@
+"""Figure builders of the HTML report: run-directory JSON in, plotly figure dicts out.
+
+Every ``figure_*`` function is pure: it takes the parsed JSON of one run file (or the rows the
+report's loader normalized from it) and returns a plain ``{"data": [...], "layout": {...}}``
+dict that plotly.js draws as is. Nothing here imports plotly; tests check the dicts.
+Text that plotly renders (tick labels, hover text, titles) goes through :func:`esc`, because
+plotly interprets a small HTML subset and node names come from user models.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["CLASS_COLORS", "MAX_BINS", "esc", "figure_curve", "figure_distribution",
+           "figure_flops", "figure_front", "figure_op_types", "figure_sensitivity",
+           "format_color", "rebin", "size_unit"]
+
+MAX_BINS = 64
+CLASS_COLORS = {"low": "#2ca02c", "medium": "#ff7f0e", "high": "#d62728"}
+_FORMAT_COLORS = {"int8": "#1f77b4", "int16": "#9467bd", "fp16": "#17becf", "fp32": "#7f7f7f"}
+_OTHER_COLORS = ("#8c564b", "#e377c2", "#bcbd22", "#17becf")
+_PATTERNS = ("", "/", ".", "x")
+_FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 12}
+_MAX_HOVER_NODES = 20
+_MAX_LABELED_NODES = 150
+_LABEL_CHARS = 28
+
+Figure = dict[str, Any]
+
+
+def esc(text: object) -> str:
+    """``text`` escaped for plotly's HTML-subset labels (and for HTML)."""
+    return html.escape(str(text), quote=True)
+
+
+def format_color(name: str) -> str:
+    """A stable color for a format name (int8 blue, int16 purple, fp32 grey)."""
+    return _FORMAT_COLORS.get(name, _OTHER_COLORS[sum(map(ord, name)) % len(_OTHER_COLORS)])
+
+
+def _r(value: float | None, digits: int = 5) -> float | None:
+    """``value`` rounded to ``digits`` significant digits (keeps the embedded JSON small)."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.{digits}g}")
+
+
+def _count(value: float) -> float:
+    """A histogram count for the page: integral counts as ints, others to 5 digits."""
+    return int(value) if float(value).is_integer() else (_r(float(value)) or 0.0)
+
+
+def size_unit(max_bytes: float, prefix: bool = False) -> tuple[float, str]:
+    """(divisor, label) for values up to ``max_bytes``: B, kB, MB or GB (decimal); with
+    ``prefix`` only the SI prefix ("", k, M, G)."""
+    scale, label = next(((s, u) for s, u in ((1e9, "G"), (1e6, "M"), (1e3, "k"))
+                         if max_bytes >= s), (1.0, ""))
+    return scale, label if prefix else f"{label}B"
+
+
+def _layout(title: str, height: int, **extra: Any) -> dict[str, Any]:
+    layout: dict[str, Any] = {
+        "title": {"text": title, "x": 0.01, "xanchor": "left", "y": 0.985,
+                  "yanchor": "top"},
+        "height": height, "autosize": True, "font": _FONT, "hovermode": "closest",
+        "margin": {"l": 70, "r": 30, "t": 60, "b": 60},
+        "plot_bgcolor": "#ffffff", "paper_bgcolor": "#ffffff",
+    }
+    layout.update(extra)
+    return layout
+
+
+def _axis(title: str, **extra: Any) -> dict[str, Any]:
+    axis: dict[str, Any] = {"title": {"text": title}, "automargin": True,
+                            "gridcolor": "#e5e5e5", "zerolinecolor": "#bbbbbb"}
+    axis.update(extra)
+    return axis
+
+
+def _node_axis(order: Sequence[str]) -> dict[str, Any]:
+    """A categorical x axis of node names in ``order``: short tick labels, full names on hover.
+
+    With more than ``_MAX_LABELED_NODES`` nodes the labels are hidden (hover still names them).
+    """
+    names = [esc(n) for n in order]
+    if len(names) > _MAX_LABELED_NODES:
+        return _axis("node (topological order; hover for names)", type="category",
+                     categoryorder="array", categoryarray=names, showticklabels=False)
+    short = [esc(n if len(n) <= _LABEL_CHARS else "…" + n[-_LABEL_CHARS + 1:]) for n in order]
+    return _axis("node (topological order)", type="category", categoryorder="array",
+                 categoryarray=names, tickmode="array", tickvals=names, ticktext=short,
+                 tickangle=-45, automargin="height+left+right")
+
+
+# -- model summary ---------------------------------------------------------------------------
+def figure_op_types(summary: Mapping[str, Any]) -> Figure:
+    """Horizontal bars: how many nodes of each op type the model has."""
+    items = sorted(summary.get("op_types", {}).items(), key=lambda kv: (kv[1], kv[0]))
+    trace = {"type": "bar", "orientation": "h", "name": "nodes",
+             "x": [n for _, n in items], "y": [esc(op) for op, _ in items],
+             "marker": {"color": "#1f77b4"}, "hovertemplate": "%{y}: %{x} node(s)<extra></extra>"}
+    height = max(260, 60 + 22 * len(items))
+    return {"data": [trace], "layout": _layout(
+        "Op types", height, showlegend=False, xaxis=_axis("nodes (count)"),
+        yaxis=_axis("op type", type="category"))}
+
+
+def figure_flops(summary: Mapping[str, Any]) -> Figure:
+    """FLOPs per node in topological order, quantizable nodes in blue, the rest in grey."""
+    nodes = list(summary.get("nodes", ()))
+    scale, unit = size_unit(max((int(n.get("flops", 0)) for n in nodes), default=0), prefix=True)
+    data = []
+    for quantizable, name, color in ((True, "quantizable", "#1f77b4"),
+                                     (False, "kept in float", "#7f7f7f")):
+        rows = [n for n in nodes if bool(n.get("quantizable")) is quantizable]
+        if not rows:
+            continue
+        data.append({
+            "type": "bar", "name": name, "marker": {"color": color},
+            "x": [esc(n["name"]) for n in rows],
+            "y": [_r(int(n.get("flops", 0)) / scale) for n in rows],
+            "customdata": [[esc(n.get("op_type", "")), f"{int(n.get('params', 0)):,}",
+                            f"{int(n.get('macs', 0)):,}", esc(n.get("reason") or "-")]
+                           for n in rows],
+            "hovertemplate": f"<b>%{{x}}</b> (%{{customdata[0]}})<br>%{{y}} {unit}FLOPs<br>"
+                             "params %{customdata[1]}<br>MACs %{customdata[2]}<br>"
+                             "why float: %{customdata[3]}<extra></extra>",
+        })
+    return {"data": data, "layout": _layout(
+        "FLOPs per node (topological order)", 420, barmode="overlay",
+        xaxis=_node_axis([str(n["name"]) for n in nodes]),
+        yaxis=_axis(f"{unit}FLOPs per inference" if unit else "FLOPs per inference"))}
+
+
+# -- sensitivity -----------------------------------------------------------------------------
+def _sqnr(row: Mapping[str, Any]) -> float | None:
+    value = row.get("sqnr")
+    return row.get("proxy_sqnr") if value is None else value
+
+
+def figure_sensitivity(rows: Sequence[Mapping[str, Any]], order: Sequence[str],
+                       formats: Sequence[str], metric: str) -> Figure:
+    """Bars per node (``order``) and format: metric drop, colored by class low/medium/high.
+
+    ``rows``: ``NodeSensitivity.to_dict()`` rows (``node, format, drop, sqnr, proxy_sqnr, cls,
+    rank``); one bar group per format, told apart by a fill pattern. Buttons switch the bars
+    between metric drop and SQNR; SQNR is shown first when no drop was measured (proxy mode).
+    """
+    data: list[dict[str, Any]] = []
+    position = {name: i for i, name in enumerate(order)}
+    for index, fmt in enumerate(formats):
+        pattern = _PATTERNS[index % len(_PATTERNS)]
+        for cls, color in CLASS_COLORS.items():
+            picked = sorted((r for r in rows if r.get("format") == fmt and r.get("node") in
+                             position and (r.get("cls") or r.get("class") or "low") == cls),
+                            key=lambda r: position[r["node"]])
+            if not picked:
+                continue
+            data.append({
+                "type": "bar", "name": f"{esc(fmt).upper()} · {cls}", "offsetgroup": fmt,
+                "legendgroup": fmt, "x": [esc(r["node"]) for r in picked],
+                "marker": {"color": color, "pattern": {"shape": pattern},
+                           "line": {"color": format_color(fmt), "width": 1}},
+                "customdata": [[_r(r.get("drop")), _r(_sqnr(r), 4), r.get("rank")]
+                               for r in picked],
+                "hovertemplate": (f"<b>%{{x}}</b> {esc(fmt).upper()} ({cls})<br>"
+                                  f"{esc(metric)} drop %{{customdata[0]}}<br>"
+                                  "SQNR %{customdata[1]} dB<br>rank %{customdata[2]}"
+                                  "<extra></extra>"),
+            })
+    views = {"metric drop": (0, f"{esc(metric)} drop vs FP32"),
+             "SQNR (dB)": (1, "output SQNR (dB)")}
+    has_drop = any(c[0] is not None for t in data for c in t["customdata"])
+    names = list(views) if has_drop else list(reversed(views))
+    for trace in data:
+        trace["y"] = [c[views[names[0]][0]] for c in trace["customdata"]]
+    buttons = [{"label": name, "method": "update",
+                "args": [{"y": [[c[views[name][0]] for c in t["customdata"]] for t in data]},
+                         {"yaxis.title.text": views[name][1]}]} for name in names]
+    return {"data": data, "layout": _layout(
+        "Sensitivity per node: one node quantized at a time, the rest FP32", 480,
+        barmode="group", bargap=0.25, margin={"l": 70, "r": 30, "t": 95, "b": 60},
+        xaxis=_node_axis(order),
+        yaxis=_axis(views[names[0]][1]),
+        updatemenus=[{"type": "buttons", "direction": "right", "buttons": buttons,
+                      "x": 0.0, "xanchor": "left", "y": 1.02, "yanchor": "bottom",
+                      "showactive": True}])}
+
+
+# -- distributions ---------------------------------------------------------------------------
+def rebin(edges: Sequence[float], counts: Sequence[float], max_bins: int = MAX_BINS
+          ) -> tuple[list[float], list[float]]:
+    """Merge adjacent bins until at most ``max_bins`` remain (counts are summed)."""
+    n = len(counts)
+    if len(edges) != n + 1:
+        raise ValueError(f"histogram has {len(edges)} edges for {n} counts; need counts + 1")
+    step = max(1, math.ceil(n / max_bins))
+    merged = [_count(sum(counts[i:i + step])) for i in range(0, n, step)]
+    new_edges = [float(edges[i]) for i in range(0, n, step)] + [float(edges[n])]
+    return new_edges, merged
+
+
+def _positions(edges: Sequence[float]) -> dict[str, Any]:
+    """Bin positions for a trace: ``x0``/``dx`` when the bins are uniform, else ``x``."""
+    widths = [b - a for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    if max(widths) - min(widths) <= 1e-6 * max(abs(edges[0]), abs(edges[-1]), 1e-30):
+        return {"x0": _r((edges[0] + edges[1]) / 2), "dx": _r(widths[0])}
+    return {"x": [_r((a + b) / 2) for a, b in zip(edges[:-1], edges[1:], strict=True)]}
+
+
+def _histogram_traces(hist: Mapping[str, Any], axis: str, seen: set[str]
+                      ) -> list[dict[str, Any]]:
+    """FP32 bars, then one step line per quantized format (the first shown, the rest in the
+    legend only). ``seen`` holds the legend groups already in the legend."""
+    edges, fp32 = rebin(hist["edges"], hist["fp32"])
+    at = {**_positions(edges), "xaxis": f"x{axis}", "yaxis": f"y{axis}"}
+    width = at.get("dx") or [_r(b - a) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    traces: list[dict[str, Any]] = [{
+        "type": "bar", "name": "FP32", "legendgroup": "fp32", "y": fp32, "width": width, **at,
+        "marker": {"color": "#1f77b4", "opacity": 0.55},
+        "hovertemplate": "FP32 around %{x}: %{y} elements<extra></extra>"}]
+    for index, (fmt, data) in enumerate(hist.get("formats", {}).items()):
+        traces.append({
+            "type": "scatter", "mode": "lines", "name": f"{esc(fmt).upper()} (dequantized)",
+            "legendgroup": fmt, "visible": True if index == 0 else "legendonly",
+            "line": {"shape": "hvh", "width": 1.5,
+                     "color": "#d62728" if index == 0 else format_color(fmt)},
+            "y": rebin(hist["edges"], data["quantized"])[1], **at,
+            "hovertemplate": f"{esc(fmt).upper()} around %{{x}}: %{{y}} elements<extra></extra>"})
+    for trace in traces:
+        trace["showlegend"] = trace["legendgroup"] not in seen
+        seen.add(trace["legendgroup"])
+    return traces
+
+
+def _clip_shapes(hist: Mapping[str, Any], axis: str) -> list[dict[str, Any]]:
+    clip = hist.get("clip")
+    if not clip or len(clip) != 2:
+        return []
+    return [{"type": "line", "xref": f"x{axis}", "yref": f"y{axis} domain", "x0": _r(v),
+             "x1": _r(v), "y0": 0, "y1": 1, "line": {"color": "#000000", "dash": "dash",
+                                                     "width": 1.5}} for v in clip]
+
+
+def _stats_line(hist: Mapping[str, Any]) -> str:
+    stats, fmt = hist.get("stats") or {}, str(hist.get("format") or "")
+    parts = [f"{k} {stats[k]:.3g}" for k in ("min", "max", "std", "kurtosis")
+             if isinstance(stats.get(k), int | float)]
+    shown = (hist.get("formats") or {}).get(fmt) or {}
+    if isinstance(shown.get("sqnr"), int | float):
+        parts.append(f"SQNR {shown['sqnr']:.1f} dB ({esc(fmt).upper()})")
+    if isinstance(stats.get("clipped"), int | float):
+        parts.append(f"clipped {100 * stats['clipped']:.2f} %")
+    return ", ".join(parts)
+
+
+def figure_distribution(entry: Mapping[str, Any]) -> Figure:
+    """Weights (left) and activations (right) of one node: FP32 bars, dequantized steps.
+
+    ``entry``: ``{node, op_type, weight, activation, flags, codes}``; each histogram is
+    ``{tensor, edges, fp32, format, clip, stats, formats: {name: {quantized, clip, sqnr}}}`` or
+    None. Dashed lines mark the clipping range of the first format; the flags' short codes
+    (else the flags) go under the title.
+    """
+    data: list[dict[str, Any]] = []
+    shapes: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for axis, key, label, x0 in (("", "weight", "weights", 0.0), ("2", "activation",
+                                                                   "output activations", 0.55)):
+        hist = entry.get(key)
+        name = f" {esc(hist.get('tensor'))}" if hist and hist.get("tensor") else ""
+        annotations.append({"text": f"<b>{label}</b>{name}", "xref": "paper", "yref": "paper",
+                            "x": x0, "y": 1.02, "xanchor": "left", "yanchor": "bottom",
+                            "showarrow": False})
+        if hist:
+            data += _histogram_traces(hist, axis, seen)
+            shapes += _clip_shapes(hist, axis)
+            annotations.append({"text": _stats_line(hist), "xref": "paper", "yref": "paper",
+                                "x": x0, "y": -0.28, "xanchor": "left", "yanchor": "top",
+                                "showarrow": False, "font": {"size": 11, "color": "#555555"}})
+        else:
+            annotations.append({"text": f"no {label}", "xref": f"x{axis} domain",
+                                "yref": f"y{axis} domain", "x": 0.5, "y": 0.5,
+                                "showarrow": False, "font": {"color": "#7f7f7f"}})
+    codes = [str(c) for c in entry.get("codes", ())] or [str(f) for f in entry.get("flags", ())]
+    title = f"{esc(entry.get('node', '?'))} ({esc(entry.get('op_type', '?'))})"
+    if codes:
+        title += " <span style=\"color:#d62728\">⚠ " + esc(", ".join(codes)) + "</span>"
+    log_buttons = [{"label": scale, "method": "relayout",
+                    "args": [{"yaxis.type": scale, "yaxis2.type": scale}]}
+                   for scale in ("linear", "log")]
+    return {"data": data, "layout": _layout(
+        title, 440, bargap=0, shapes=shapes, annotations=annotations,
+        margin={"l": 70, "r": 30, "t": 80, "b": 90},
+        xaxis=_axis("weight value", domain=[0.0, 0.45]),
+        yaxis=_axis("count (elements)", anchor="x"),
+        xaxis2=_axis("activation value", domain=[0.55, 1.0]),
+        yaxis2=_axis("count (elements)", anchor="x2"),
+        updatemenus=[{"type": "buttons", "direction": "right", "buttons": log_buttons,
+                      "x": 1.0, "xanchor": "right", "y": 1.02, "yanchor": "bottom"}])}
+
+
+# -- node-by-node curve ----------------------------------------------------------------------
+def figure_curve(orders: Mapping[str, Sequence[Mapping[str, Any]]], metric: str,
+                 fp32_metric: float | None = None) -> Figure:
+    """Metric (top) and model size (bottom) as nodes are quantized one after another.
+
+    ``orders``: order name (``topological``, ``sensitivity``) -> steps ``{step, node, metric,
+    size, format}``; step 0 is the FP32 model.
+    """
+    metric = esc(metric)
+    sizes = [s.get("size") or 0 for steps in orders.values() for s in steps]
+    scale, unit = size_unit(max(sizes, default=0))
+    colors = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd")
+    data = []
+    for index, (name, steps) in enumerate(orders.items()):
+        color = colors[index % len(colors)]
+        nodes = [esc(s.get("node") or "FP32 model") for s in steps]
+        common: dict[str, Any] = {
+            "mode": "lines+markers", "legendgroup": esc(name), "x": [s.get("step") for s in steps],
+            "line": {"color": color}, "marker": {"size": 5}, "customdata": nodes}
+        data.append({**common, "type": "scatter", "name": f"{esc(name)} order",
+                     "y": [_r(s.get("metric")) for s in steps], "xaxis": "x", "yaxis": "y",
+                     "hovertemplate": f"step %{{x}}: +%{{customdata}}<br>{metric} %{{y}}"
+                                      "<extra></extra>"})
+        data.append({**common, "type": "scatter", "name": f"{esc(name)} order",
+                     "showlegend": False,
+                     "y": [_r((s.get("size") or 0) / scale) for s in steps], "xaxis": "x2",
+                     "yaxis": "y2", "hovertemplate": f"step %{{x}}: +%{{customdata}}<br>"
+                                                     f"%{{y}} {unit}<extra></extra>"})
+    shapes = []
+    if fp32_metric is not None:
+        shapes.append({"type": "line", "xref": "x domain", "yref": "y", "x0": 0, "x1": 1,
+                       "y0": _r(fp32_metric), "y1": _r(fp32_metric),
+                       "line": {"color": "#7f7f7f", "dash": "dot"}})
+    return {"data": data, "layout": _layout(
+        "Node-by-node curve: nodes quantized cumulatively", 560, shapes=shapes,
+        margin={"l": 70, "r": 30, "t": 80, "b": 60},
+        legend={"orientation": "h", "x": 0.0, "y": 1.02, "yanchor": "bottom"},
+        xaxis=_axis("", anchor="y", matches="x2", showticklabels=False),
+        yaxis=_axis(f"{metric} (dotted = FP32)", domain=[0.55, 1.0]),
+        xaxis2=_axis("nodes quantized (count)", anchor="y2"),
+        yaxis2=_axis(f"model size ({unit})", domain=[0.0, 0.42]))}
+
+
+# -- Pareto front ----------------------------------------------------------------------------
+def _assignment_hover(point: Mapping[str, Any]) -> str:
+    counts = ", ".join(f"{esc(f)} {n}" for f, n in sorted(point.get("counts", {}).items()))
+    assignment = point.get("assignment", {})
+    differs = list(point.get("differs_from_int8", ()))
+    lines = [f"<b>point {esc(point.get('index'))}</b> (trial {esc(point.get('trial'))})",
+             counts]
+    if differs:
+        lines.append("not INT8:")
+        lines += [f"  {esc(n)}: {esc(assignment.get(n, '?'))}"
+                  for n in differs[:_MAX_HOVER_NODES]]
+        if len(differs) > _MAX_HOVER_NODES:
+            lines.append(f"  … and {len(differs) - _MAX_HOVER_NODES} more")
+    else:
+        lines.append("every quantizable node INT8")
+    return "<br>".join(lines)
+
+
+def figure_front(front: Mapping[str, Any], trials: Sequence[Mapping[str, Any]]) -> Figure:
+    """Metric vs size of every trial (faint) and the Pareto front (color = est. latency).
+
+    Trace 1 (``uid`` ``front``) carries the point index in ``customdata``; the report's script
+    selects a point on click. The last trace (``uid`` ``selected``) rings the selected point.
+    """
+    metric = esc(front.get("metric", "metric"))
+    points = [p for p in front.get("points", ()) if p.get("metric") is not None]
+    refs = {"FP32": front.get("fp32") or {}, **{k.upper(): v for k, v in
+                                                (front.get("uniform") or {}).items()}}
+    sizes = [p.get("size") or 0 for p in points] + [t.get("size") or 0 for t in trials]
+    sizes += [r.get("size") or 0 for r in refs.values()]
+    scale, unit = size_unit(max(sizes, default=0))
+    done = [t for t in trials if t.get("metric") is not None and t.get("size") is not None]
+    latencies = [p.get("latency") for p in points]
+    known = all(v is not None for v in latencies) and bool(points)
+    marker: dict[str, Any] = {"size": 11, "line": {"color": "#333333", "width": 1}}
+    if known:
+        marker.update(color=[_r(v) for v in latencies], colorscale="Viridis", showscale=True,
+                      colorbar={"title": {"text": "est. latency<br>(× FP32)"}})
+    else:
+        marker["color"] = "#1f77b4"
+    data: list[dict[str, Any]] = [
+        {"type": "scatter", "mode": "markers", "name": "all trials", "uid": "trials",
+         "x": [_r(t["size"] / scale) for t in done], "y": [_r(t["metric"]) for t in done],
+         "marker": {"color": "#9e9e9e", "size": 5, "opacity": 0.35},
+         "customdata": [[t.get("trial"), esc(t.get("source", "")), esc(t.get("state", ""))]
+                        for t in done],
+         "hovertemplate": "trial %{customdata[0]} (%{customdata[1]}, %{customdata[2]})<br>"
+                          f"%{{x}} {unit}, {metric} %{{y}}<extra></extra>"},
+        {"type": "scatter", "mode": "markers", "name": "Pareto front (held-out)", "uid": "front",
+         "x": [_r(p["size"] / scale) for p in points], "y": [_r(p["metric"]) for p in points],
+         "customdata": [[p.get("index"), _r(p.get("latency"), 3)] for p in points],
+         "marker": marker,
+         "hovertext": [_assignment_hover(p) for p in points],
+         "hovertemplate": f"%{{hovertext}}<br>{metric} %{{y}}, %{{x}} {unit}"
+                          + ("<br>est. latency %{customdata[1]}× FP32" if known else "")
+                          + "<br><i>click to select</i><extra></extra>"},
+    ]
+    ref_rows = [(name, r) for name, r in refs.items() if r.get("metric") is not None]
+    if ref_rows:
+        data.append({
+            "type": "scatter", "mode": "markers+text", "name": "FP32 / uniform", "uid": "refs",
+            "x": [_r((r.get("size") or 0) / scale) for _, r in ref_rows],
+            "y": [_r(r["metric"]) for _, r in ref_rows], "text": [esc(n) for n, _ in ref_rows],
+            "textposition": "bottom center",
+            "marker": {"symbol": "diamond", "size": 11, "color": "#ffffff",
+                       "line": {"color": "#000000", "width": 1.5}},
+            "hovertemplate": f"%{{text}}: {metric} %{{y}}, %{{x}} {unit}<extra></extra>"})
+    data.append({"type": "scatter", "mode": "markers", "name": "selected", "uid": "selected",
+                 "x": [], "y": [], "hoverinfo": "skip", "marker": {
+                     "size": 22, "color": "rgba(0,0,0,0)",
+                     "line": {"color": "#d62728", "width": 3}}})
+    better = "higher" if front.get("higher_is_better", True) else "lower"
+    return {"data": data, "layout": _layout(
+        "Pareto front: held-out metric vs model size", 540, hoverlabel={"align": "left"},
+        margin={"l": 70, "r": 30, "t": 80, "b": 60},
+        legend={"orientation": "h", "x": 0.0, "y": 1.02, "yanchor": "bottom"},
+        xaxis=_axis(f"model size ({unit})"),
+        yaxis=_axis(f"{metric} (held-out, {better} is better)"))}
