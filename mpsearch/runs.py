@@ -138,7 +138,7 @@ def search(
         measured = held.evaluate(quantizer.build(assignment))
         front.append(_point(record, index, measured, int8, latency, fp32_latency))
     fp32 = {"metric": held.fp32().value, "size": model_size(graph, profile, {}),
-            "latency": 1.0 if fp32_latency else None}
+            "latency": 1.0 if fp32_latency else None, "latency_abs": fp32_latency}
     uniform = _uniform(prepared, quantizer, held, fp32_latency)
     run = SearchRun(run_dir=out, result=result, front=tuple(front), fp32=fp32,
                     uniform=uniform, metric=evaluator.primary.name)
@@ -166,10 +166,12 @@ def _write_results(run: SearchRun, evaluator: Evaluator) -> None:
         "evaluations": result.evaluations, "seconds": result.seconds,
         "timing": dict(result.timing),
     })
+    fp32_latency = run.fp32.get("latency_abs")
     _write_csv(run.run_dir / "trials.csv", ["trial", "state", "metric", "size", "latency",
                                             "source"],
-               [[r.trial, r.state, r.metric, r.size, r.latency, r.source]
-                for r in result.trials])
+               [[r.trial, r.state, r.metric, r.size,
+                 None if r.latency is None or not fp32_latency else r.latency / fp32_latency,
+                 r.source] for r in result.trials])
     _write_csv(run.run_dir / "front.csv",
                ["index", "trial", "metric", "search_metric", "size", "latency", "counts",
                 "differs_from_int8", "assignment"],

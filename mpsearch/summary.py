@@ -4,7 +4,8 @@ Consumes a :class:`~mpsearch.graph.ModelGraph`; produces a frozen :class:`ModelS
 Symbolic dimensions (a dynamic batch) count as 1. MACs are multiply-accumulates of Conv,
 ConvTranspose, Gemm and MatMul (the figure papers publish); FLOPs are 2 x MACs plus every other
 node's arithmetic (one FLOP per output element for element-wise ops, more for Softmax and
-normalizations, per kernel window for pooling).
+normalizations, per kernel window for pooling). Parameters are the float initializers with at
+least one axis (0-d constants such as Clip bounds are not parameters).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import numpy as np
 
 from mpsearch.graph import Dim, ModelGraph, Node
 
@@ -70,7 +73,7 @@ def summarize(graph: ModelGraph) -> ModelSummary:
         params = 0
         for tensor in node.inputs:
             array = graph.initializers.get(tensor)
-            if array is not None and array.dtype.kind == "f" and tensor not in counted:
+            if array is not None and _is_parameter(array) and tensor not in counted:
                 counted.add(tensor)
                 params += int(array.size)
         macs, flops = _cost(graph, node)
@@ -81,7 +84,7 @@ def summarize(graph: ModelGraph) -> ModelSummary:
             params=params, macs=macs, flops=flops,
             quantizable=node.quantizable, reason=node.reason,
         ))
-    float_params = [a for a in graph.initializers.values() if a.dtype.kind == "f"]
+    float_params = [a for a in graph.initializers.values() if _is_parameter(a)]
     return ModelSummary(
         model=graph.name, opset=graph.opset,
         inputs=tuple((t.name, t.shape, str(t.dtype)) for t in graph.inputs),
@@ -95,6 +98,12 @@ def summarize(graph: ModelGraph) -> ModelSummary:
         quantizable=sum(1 for r in rows if r.quantizable),
         changes=graph.changes,
     )
+
+
+def _is_parameter(array: np.ndarray) -> bool:
+    """Float tensors with at least one axis: exporters never store learned weights as 0-d
+    scalars, which are constants such as Clip bounds or an attention's 1/sqrt(d)."""
+    return array.dtype.kind == "f" and array.ndim > 0
 
 
 def _numel(shape: tuple[Dim, ...] | None) -> int:
