@@ -7,7 +7,8 @@ The public Python API. A typical session::
     data = mpsearch.load_data("data.npz")
     profile = mpsearch.load_profile("x86_ort")
     table = mpsearch.calibrate(graph, data)
-    model = mpsearch.build_qdq(graph, table, profile, mpsearch.uniform_assignment(graph, profile, "int8"))
+    int8 = mpsearch.uniform_assignment(graph, profile, "int8")
+    model = mpsearch.build_qdq(graph, table, profile, int8)
 """
 
 from __future__ import annotations

@@ -8,8 +8,13 @@ from pathlib import Path
 __all__ = ["add_pipeline_parsers"]
 
 
-def _mb(size: int) -> str:
-    return f"{size / 1e6:.3f} MB"
+def _kb(size: float) -> str:
+    """Bytes for people: 81.1 kB, 3.91 MB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.3g} {unit}" if size < 100 * scale else \
+                f"{size / scale:.0f} {unit}"
+    return f"{size:.0f} B"
 
 
 def _quantize(args: argparse.Namespace) -> int:
@@ -33,7 +38,7 @@ def _quantize(args: argparse.Namespace) -> int:
     fp32_latency = evaluator.session(graph.model).time_batch(feeds)
     size, fp32_size = model_size(graph, profile, assignment), model_size(graph, profile, {})
     print(f"wrote    {args.out}")
-    print(f"size     {_mb(size)} vs FP32 {_mb(fp32_size)} ({size / fp32_size:.2f}x)")
+    print(f"size     {_kb(size)} vs FP32 {_kb(fp32_size)} ({size / fp32_size:.2f}x)")
     for name, value in quantized.metrics.items():
         print(f"{name:<8} {value:.4f} vs FP32 {fp32.metrics.get(name, float('nan')):.4f}")
     print(f"latency  {latency * 1e3:.2f} ms vs FP32 {fp32_latency * 1e3:.2f} ms "
@@ -67,15 +72,15 @@ def _search(args: argparse.Namespace) -> int:
     fp32 = run.fp32
     print(f"run dir  {run.run_dir}  ({run.result.evaluations} evaluations, "
           f"{run.result.seconds:.1f} s search)")
-    print(f"FP32     {run.metric} {fp32['metric']:.4f}  size {_mb(fp32['size'])}")
+    print(f"FP32     {run.metric} {fp32['metric']:.4f}  size {_kb(fp32['size'])}")
     for name, point in run.uniform.items():
-        print(f"uniform {name:<6} {run.metric} {point['metric']:.4f}  size {_mb(point['size'])}")
+        print(f"uniform {name:<6} {run.metric} {point['metric']:.4f}  size {_kb(point['size'])}")
     print(f"\nPareto front ({len(run.front)} points, {run.metric} on held-out data):")
     print(f"{'point':>5} {run.metric:>9} {'size':>12} {'latency':>8}  formats")
     for p in run.front:
         latency = "-" if p["latency"] is None else f"{p['latency']:.2f}x"
         counts = ", ".join(f"{k} {v}" for k, v in sorted(p["counts"].items()))
-        print(f"{p['index']:>5} {p['metric']:>9.4f} {_mb(p['size']):>12} {latency:>8}  {counts}")
+        print(f"{p['index']:>5} {p['metric']:>9.4f} {_kb(p['size']):>12} {latency:>8}  {counts}")
     if not args.no_report:
         _report(run.run_dir)
     print(f"\nexport:  mpsearch export {run.run_dir} --point K --out model.onnx")
@@ -96,7 +101,7 @@ def _export(args: argparse.Namespace) -> int:
     result = export_point(args.run_dir, args.point, args.out)
     fp32 = result.fp32
     print(f"wrote    {result.path} (front point {args.point})")
-    print(f"size     {_mb(result.size)} vs FP32 {_mb(result.fp32_size)} "
+    print(f"size     {_kb(result.size)} vs FP32 {_kb(result.fp32_size)} "
           f"({result.size / result.fp32_size:.2f}x)")
     for name, value in result.evaluation.metrics.items():
         print(f"{name:<8} {value:.4f} vs FP32 {fp32.metrics.get(name, float('nan')):.4f}")

@@ -444,7 +444,8 @@ def _not_quantizable_reason(
     op = proto.op_type
     if op in _CONTROL_FLOW:
         return f"{op} is control flow; its subgraphs stay in float"
-    if proto.domain not in ("", "ai.onnx") and not (op == "Gelu" and proto.domain == "com.microsoft"):
+    microsoft_gelu = op == "Gelu" and proto.domain == "com.microsoft"
+    if proto.domain not in ("", "ai.onnx") and not microsoft_gelu:
         return f"custom domain '{proto.domain}'"
     if op in _DATA_MOVEMENT:
         return f"{op} moves data; it runs at the precision of its input"

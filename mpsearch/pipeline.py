@@ -9,16 +9,15 @@ search, export) starts from it.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import onnx
 
+from mpsearch._io import atomic_write as _atomic_write  # noqa: F401  (analysis.py, until moved)
+from mpsearch._io import write_json, write_model
 from mpsearch.calibrate import CalibrationTable, calibrate, calibrate_cached
 from mpsearch.data import Dataset, check_signature, load_data
 from mpsearch.errors import DataError
@@ -82,36 +81,3 @@ def prepare(
     logger.info("calibrated %d tensors on %d samples", len(table.tensors), len(calib))
     return Prepared(graph=graph, summary=summarize(graph), profile=hw, calibration=calib,
                     validation=valid, table=table, method=method)
-
-
-def _atomic_write(path: Path, payload: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json(path: str | os.PathLike[str], data: Any) -> None:
-    """Write JSON atomically (temp file + rename); non-finite floats become null."""
-    text = json.dumps(_finite(data), indent=2, sort_keys=False)
-    _atomic_write(Path(path), text.encode())
-
-
-def write_model(path: str | os.PathLike[str], model: onnx.ModelProto) -> None:
-    """Write an ONNX model atomically."""
-    _atomic_write(Path(path), model.SerializeToString(deterministic=True))
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if value == value and abs(value) != float("inf") else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value

@@ -12,7 +12,6 @@ import csv
 import io
 import json
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -22,16 +21,16 @@ from typing import Any
 import onnx
 
 from mpsearch import __version__
+from mpsearch._io import atomic_write, write_json, write_model
+from mpsearch._search_seeds import group_nodes, seed_assignments
 from mpsearch.analysis import analyze
 from mpsearch.assignment import estimate_latency, make_assignment, model_size, uniform_assignment
 from mpsearch.data import Dataset
 from mpsearch.errors import SearchError
 from mpsearch.evaluate import Evaluation, Evaluator
-from mpsearch.pipeline import Prepared, _atomic_write, prepare, write_json, write_model
+from mpsearch.pipeline import Prepared, prepare
 from mpsearch.quantize import Quantizer
-from mpsearch.runtime import ort_version
-from mpsearch._search_seeds import group_nodes, seed_assignments
-from mpsearch.runtime import create_session
+from mpsearch.runtime import create_session, ort_version
 from mpsearch.search import SearchResult, TrialRecord, run_search
 from mpsearch.spec import SearchSpec
 
@@ -58,25 +57,13 @@ def _splits(prepared: Prepared, spec: SearchSpec) -> tuple[Dataset, Dataset]:
     return validation.split(1.0 - spec.held_out, spec.data_seed)
 
 
-def _costs(prepared: Prepared, spec: SearchSpec, run_dir: Path, data: Dataset,
-           progress: bool) -> dict[tuple[str, str], float]:
-    """(node, format) -> additive cost: relative output noise power plus metric drop."""
-    analysis = analyze(prepared, data=data, metric=spec.metric, limit=spec.sensitivity_limit,
-                       run_dir=run_dir, progress=progress)
-    costs = {}
-    for item in analysis.sensitivity:
-        sqnr = item.sqnr
-        noise = 0.0 if sqnr is None or not math.isfinite(sqnr) else 10.0 ** (-sqnr / 10.0)
-        drop = item.drop if item.drop is not None and math.isfinite(item.drop) else 0.0
-        costs[(item.node, item.format)] = noise + max(drop, 0.0)
-    return costs
-
-
 def _point(record: TrialRecord, index: int, held: Evaluation, int8: Mapping[str, str],
-           latency: float | None, fp32_latency: float | None) -> dict[str, Any]:
+           latency: float | None, fp32_latency: float | None, searched: set[str]
+           ) -> dict[str, Any]:
     counts: dict[str, int] = {}
-    for fmt in record.assignment.values():
-        counts[fmt] = counts.get(fmt, 0) + 1
+    for node, fmt in record.assignment.items():
+        if node in searched:
+            counts[fmt] = counts.get(fmt, 0) + 1
     return {
         "index": index, "trial": record.trial, "metric": held.value,
         "search_metric": record.metric, "size": record.size,
@@ -122,21 +109,25 @@ def search(
     search_data, held_data = _splits(prepared, spec)
     evaluator = Evaluator(prepared.graph, search_data, metric=spec.metric,
                           batch_size=spec.batch_size, threads=spec.threads)
-    costs = _costs(prepared, spec, out, search_data, progress)
-    result = run_search(prepared, spec, evaluator=evaluator, sensitivity=costs, run_dir=out,
-                        resume=resume, progress=progress)
+    if spec.analysis:  # node-level sensitivity, distributions and curve for the report
+        analyze(prepared, data=search_data, metric=spec.metric, limit=spec.sensitivity_limit,
+                batch_size=spec.batch_size, threads=spec.threads, run_dir=out,
+                progress=progress)
+    result = run_search(prepared, spec, evaluator=evaluator, run_dir=out, resume=resume,
+                        progress=progress)
     held = Evaluator(prepared.graph, held_data, metric=spec.metric,
                      batch_size=spec.batch_size, threads=spec.threads)
     graph, profile = prepared.graph, prepared.profile
     fp32_latency = estimate_latency(graph, prepared.summary, profile, {})
     quantizer = Quantizer(graph, prepared.table, profile, method=prepared.method)
     int8 = uniform_assignment(graph, profile, profile.lowest_formats()[0])
+    searched = {n for g in group_nodes(graph, profile, spec.formats) for n in g.nodes}
     front = []
     for index, record in enumerate(result.front):
         assignment = make_assignment(graph, profile, record.assignment)
         latency = estimate_latency(graph, prepared.summary, profile, assignment)
         measured = held.evaluate(quantizer.build(assignment))
-        front.append(_point(record, index, measured, int8, latency, fp32_latency))
+        front.append(_point(record, index, measured, int8, latency, fp32_latency, searched))
     fp32 = {"metric": held.fp32().value, "size": model_size(graph, profile, {}),
             "latency": 1.0 if fp32_latency else None, "latency_abs": fp32_latency}
     uniform = _uniform(prepared, quantizer, held, fp32_latency)
@@ -185,7 +176,7 @@ def _write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
     writer = csv.writer(buffer)
     writer.writerow(header)
     writer.writerows(rows)
-    _atomic_write(path, buffer.getvalue().encode())
+    atomic_write(path, buffer.getvalue().encode())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

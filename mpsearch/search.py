@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import optuna
@@ -130,13 +129,12 @@ class _Objective:
     """Turns a trial into (metric, size[, latency]) with caching, repair and early pruning."""
 
     def __init__(self, prepared: Prepared, spec: SearchSpec, groups: Sequence[Group],
-                 evaluator: Evaluator, noise: Mapping[tuple[str, str], float],
-                 min_metric: float | None, max_size: int | None) -> None:
+                 evaluator: Evaluator, min_metric: float | None, max_size: int | None) -> None:
         self.prepared = prepared
         self.spec = spec
         self.groups = groups
         self.evaluator = evaluator
-        self.noise = noise
+        self.noise: Mapping[tuple[str, str], float] = {}
         self.min_metric = min_metric
         self.max_size = max_size
         self.quantizer = Quantizer(prepared.graph, prepared.table, prepared.profile,
@@ -145,6 +143,27 @@ class _Objective:
         self.timing = {"build": 0.0, "session": 0.0, "inference": 0.0}
         self.evaluations = 0
         self.higher = evaluator.primary.higher_is_better
+
+    def measure_costs(self, progress: bool) -> dict[tuple[str, str], float]:
+        """Each group alone at each lower format, the rest float: relative output noise power
+        plus metric drop on the search data (the additive model that seeds the search)."""
+        from tqdm.auto import tqdm
+
+        sign = 1.0 if self.higher else -1.0
+        primary = self.evaluator.primary.name
+        jobs = [(g, f) for g in self.groups for f in g.formats[:-1]]
+        costs: dict[tuple[str, str], float] = {(g.name, g.formats[-1]): 0.0 for g in self.groups}
+        for group, fmt in tqdm(jobs, desc="sensitivity", unit="cfg", disable=not progress):
+            assignment = make_assignment(self.prepared.graph, self.prepared.profile,
+                                         dict.fromkeys(group.nodes, fmt))
+            model = self.quantizer.build(assignment)
+            result = self.evaluator.evaluate(model, limit=self.spec.sensitivity_limit)
+            self.evaluations += 1
+            sqnr = result.metrics.get("sqnr", math.inf)
+            noise = 0.0 if not math.isfinite(sqnr) else 10.0 ** (-sqnr / 10.0)
+            reference = self.evaluator.metrics(self.evaluator.reference[: result.samples])
+            costs[(group.name, fmt)] = noise + max(sign * (reference[primary] - result.value), 0.0)
+        return costs
 
     def assignment(self, choice: Mapping[str, int]) -> dict[str, str]:
         formats: dict[str, str] = {}
@@ -236,13 +255,6 @@ class _Objective:
         return a < b if self.higher else a > b
 
 
-def _noise_model(groups: Sequence[Group], sensitivity: Mapping[tuple[str, str], float]
-                 ) -> dict[tuple[str, str], float]:
-    """Group-level additive cost: the sum of its nodes' costs for each format."""
-    return {(g.name, fmt): sum(sensitivity.get((n, fmt), 0.0) for n in g.nodes)
-            for g in groups for fmt in g.formats}
-
-
 def _enqueue(study: optuna.Study, seeds: Sequence[Seed], groups: Sequence[Group]) -> None:
     if study.user_attrs.get("seeded"):
         return
@@ -252,10 +264,20 @@ def _enqueue(study: optuna.Study, seeds: Sequence[Seed], groups: Sequence[Group]
     study.set_user_attr("seeded", True)
 
 
+def _costs(study: optuna.Study, objective: _Objective, progress: bool
+           ) -> dict[tuple[str, str], float]:
+    """Group costs stored with the study, so a resumed search or a second worker reuses them."""
+    stored = study.user_attrs.get("group_costs")
+    if stored is not None:
+        return {(g, f): float(c) for g, f, c in stored}
+    costs = objective.measure_costs(progress)
+    study.set_user_attr("group_costs", [[g, f, c] for (g, f), c in sorted(costs.items())])
+    return costs
+
+
 def run_search(
-    prepared: Prepared, spec: SearchSpec, *, evaluator: Evaluator,
-    sensitivity: Mapping[tuple[str, str], float], run_dir: Path, resume: bool = False,
-    progress: bool = False,
+    prepared: Prepared, spec: SearchSpec, *, evaluator: Evaluator, run_dir: Path,
+    resume: bool = False, progress: bool = False,
 ) -> SearchResult:
     """Run (or resume) the search until the study holds ``spec.trials`` finished trials."""
     graph, profile = prepared.graph, prepared.profile
@@ -272,14 +294,14 @@ def run_search(
     if spec.use_memory_budget and profile.memory_budget_bytes is not None:
         budget = profile.memory_budget_bytes
         max_size = budget if max_size is None else min(max_size, budget)
-    noise = _noise_model(groups, sensitivity)
-    objective = _Objective(prepared, spec, groups, evaluator, noise, min_metric, max_size)
+    objective = _Objective(prepared, spec, groups, evaluator, min_metric, max_size)
     directions = ["maximize" if evaluator.primary.higher_is_better else "minimize", "minimize"]
     if "latency" in spec.objectives:
         directions.append("minimize")
     study = open_study(spec, run_dir, directions=directions, resume=resume)
     _restore_cache(study, objective)
-    _enqueue(study, seed_assignments(graph, profile, groups, noise), groups)
+    objective.noise = _costs(study, objective, progress)
+    _enqueue(study, seed_assignments(graph, profile, groups, objective.noise), groups)
     start = time.perf_counter()
     done = _finished(study)
     remaining = max(spec.trials - done, 0)

@@ -59,6 +59,7 @@ class SearchSpec:
     formats: tuple[str, ...] | None = None
     sensitivity_limit: int | None = None
     chunks: int = 4
+    analysis: bool = True
     path: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -85,7 +86,8 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     root = Section.root(load_yaml(file, SpecError), file, SpecError)
     root.check_keys(
         ("model", "profile", "data", "metric", "objectives", "constraints", "budget",
-         "sampler", "seed", "storage", "study", "calibration", "formats", "evaluation"),
+         "sampler", "seed", "storage", "study", "calibration", "formats", "evaluation",
+         "analysis"),
         required=("model", "profile", "data"),
     )
     base = Path(file).resolve().parent
@@ -136,5 +138,6 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
         chunks=evaluation.get_int("chunks", 4, minimum=1),
         sensitivity_limit=evaluation.get_int("sensitivity_samples", None, minimum=1),
         formats=root.get_str_list("formats", None, non_empty=True),
+        analysis=root.get_bool("analysis", True),
         path=file,
     )
