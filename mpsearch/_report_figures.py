@@ -3,96 +3,30 @@
 Every ``figure_*`` function is pure: it takes the parsed JSON of one run file (or the rows the
 report's loader normalized from it) and returns a plain ``{"data": [...], "layout": {...}}``
 dict that plotly.js draws as is. Nothing here imports plotly; tests check the dicts.
-Text that plotly renders (tick labels, hover text, titles) goes through :func:`esc`, because
-plotly interprets a small HTML subset and node names come from user models.
+Text that plotly renders (tick labels, hover text, titles) goes through ``esc``, because
+plotly interprets a small HTML subset and node names come from user models. The palette, the
+base layout and axes, ``esc`` and the rounding come from :mod:`mpsearch._report_page`.
 """
 
 from __future__ import annotations
 
-import html
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["CLASS_COLORS", "MAX_BINS", "esc", "figure_curve", "figure_distribution",
-           "figure_flops", "figure_front", "figure_op_types", "figure_sensitivity",
-           "format_color", "rebin", "size_unit"]
+from mpsearch._report_page import CLASS_COLORS, esc, format_color, rebin, size_unit
+from mpsearch._report_page import axis as _axis
+from mpsearch._report_page import layout as _layout
+from mpsearch._report_page import node_axis as _node_axis
+from mpsearch._report_page import rounded as _r
 
-MAX_BINS = 64
-CLASS_COLORS = {"low": "#2ca02c", "medium": "#ff7f0e", "high": "#d62728"}
-_FORMAT_COLORS = {"int8": "#1f77b4", "int16": "#9467bd", "fp16": "#17becf", "fp32": "#7f7f7f"}
-_OTHER_COLORS = ("#8c564b", "#e377c2", "#bcbd22", "#17becf")
+__all__ = ["figure_curve", "figure_distribution", "figure_flops", "figure_front",
+           "figure_op_types", "figure_reverse", "figure_sensitivity"]
+
 _PATTERNS = ("", "/", ".", "x")
-_FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 12}
+_UNCLASSIFIED = "#9e9e9e"
 _MAX_HOVER_NODES = 20
-_MAX_LABELED_NODES = 150
-_LABEL_CHARS = 28
 
 Figure = dict[str, Any]
-
-
-def esc(text: object) -> str:
-    """``text`` escaped for plotly's HTML-subset labels (and for HTML)."""
-    return html.escape(str(text), quote=True)
-
-
-def format_color(name: str) -> str:
-    """A stable color for a format name (int8 blue, int16 purple, fp32 grey)."""
-    return _FORMAT_COLORS.get(name, _OTHER_COLORS[sum(map(ord, name)) % len(_OTHER_COLORS)])
-
-
-def _r(value: float | None, digits: int = 5) -> float | None:
-    """``value`` rounded to ``digits`` significant digits (keeps the embedded JSON small)."""
-    if value is None or not math.isfinite(value):
-        return None
-    return float(f"{value:.{digits}g}")
-
-
-def _count(value: float) -> float:
-    """A histogram count for the page: integral counts as ints, others to 5 digits."""
-    return int(value) if float(value).is_integer() else (_r(float(value)) or 0.0)
-
-
-def size_unit(max_bytes: float, prefix: bool = False) -> tuple[float, str]:
-    """(divisor, label) for values up to ``max_bytes``: B, kB, MB or GB (decimal); with
-    ``prefix`` only the SI prefix ("", k, M, G)."""
-    scale, label = next(((s, u) for s, u in ((1e9, "G"), (1e6, "M"), (1e3, "k"))
-                         if max_bytes >= s), (1.0, ""))
-    return scale, label if prefix else f"{label}B"
-
-
-def _layout(title: str, height: int, **extra: Any) -> dict[str, Any]:
-    layout: dict[str, Any] = {
-        "title": {"text": title, "x": 0.01, "xanchor": "left", "y": 0.985,
-                  "yanchor": "top"},
-        "height": height, "autosize": True, "font": _FONT, "hovermode": "closest",
-        "margin": {"l": 70, "r": 30, "t": 60, "b": 60},
-        "plot_bgcolor": "#ffffff", "paper_bgcolor": "#ffffff",
-    }
-    layout.update(extra)
-    return layout
-
-
-def _axis(title: str, **extra: Any) -> dict[str, Any]:
-    axis: dict[str, Any] = {"title": {"text": title}, "automargin": True,
-                            "gridcolor": "#e5e5e5", "zerolinecolor": "#bbbbbb"}
-    axis.update(extra)
-    return axis
-
-
-def _node_axis(order: Sequence[str]) -> dict[str, Any]:
-    """A categorical x axis of node names in ``order``: short tick labels, full names on hover.
-
-    With more than ``_MAX_LABELED_NODES`` nodes the labels are hidden (hover still names them).
-    """
-    names = [esc(n) for n in order]
-    if len(names) > _MAX_LABELED_NODES:
-        return _axis("node (topological order; hover for names)", type="category",
-                     categoryorder="array", categoryarray=names, showticklabels=False)
-    short = [esc(n if len(n) <= _LABEL_CHARS else "…" + n[-_LABEL_CHARS + 1:]) for n in order]
-    return _axis("node (topological order)", type="category", categoryorder="array",
-                 categoryarray=names, tickmode="array", tickvals=names, ticktext=short,
-                 tickangle=-45, automargin="height+left+right")
 
 
 # -- model summary ---------------------------------------------------------------------------
@@ -173,36 +107,68 @@ def figure_sensitivity(rows: Sequence[Mapping[str, Any]], order: Sequence[str],
             })
     views = {"metric drop": (0, f"{esc(metric)} drop vs FP32"),
              "SQNR (dB)": (1, "output SQNR (dB)")}
-    has_drop = any(c[0] is not None for t in data for c in t["customdata"])
-    names = list(views) if has_drop else list(reversed(views))
+    return {"data": data, "layout": _layout(
+        "Sensitivity per node: one node quantized at a time, the rest FP32", 480,
+        barmode="group", bargap=0.25, margin={"l": 70, "r": 30, "t": 95, "b": 60},
+        xaxis=_node_axis(order), **_switch_views(data, views))}
+
+
+def _switch_views(data: Sequence[dict[str, Any]], views: Mapping[str, tuple[int, str]]
+                  ) -> dict[str, Any]:
+    """Buttons that switch every bar trace between ``views`` (label -> (customdata column,
+    y-axis title)); the first view is shown unless it has no values, then the last. Sets each
+    trace's ``y``; returns the layout's ``yaxis`` and ``updatemenus``."""
+    names = list(views)
+    if not any(c[views[names[0]][0]] is not None for t in data for c in t["customdata"]):
+        names.reverse()
     for trace in data:
         trace["y"] = [c[views[names[0]][0]] for c in trace["customdata"]]
     buttons = [{"label": name, "method": "update",
                 "args": [{"y": [[c[views[name][0]] for c in t["customdata"]] for t in data]},
                          {"yaxis.title.text": views[name][1]}]} for name in names]
+    return {"yaxis": _axis(views[names[0]][1]),
+            "updatemenus": [{"type": "buttons", "direction": "right", "buttons": buttons,
+                             "x": 0.0, "xanchor": "left", "y": 1.02, "yanchor": "bottom",
+                             "showactive": True}]}
+
+
+def figure_reverse(rows: Sequence[Mapping[str, Any]], order: Sequence[str],
+                   classes: Mapping[str, str], metric: str, base: float | None = None
+                   ) -> Figure:
+    """Bars per node (``order``): the gain when that node alone is restored to FP32.
+
+    ``rows``: ``RestoreGain.to_dict()`` rows (``node, format, gain, sqnr_gain, rank``), gains
+    over the model with every node in its lowest analyzed format (``base``: its metric).
+    ``classes``: node -> its class in the sensitivity view, for the same colors (grey when
+    unknown). Buttons switch the bars between metric gain and SQNR gain.
+    """
+    position = {name: i for i, name in enumerate(order)}
+    data: list[dict[str, Any]] = []
+    for cls, color in {**CLASS_COLORS, "unclassified": _UNCLASSIFIED}.items():
+        picked = sorted((r for r in rows if r.get("node") in position
+                         and classes.get(r["node"], "unclassified") == cls),
+                        key=lambda r: position[r["node"]])
+        if picked:
+            data.append({
+                "type": "bar", "name": cls, "x": [esc(r["node"]) for r in picked],
+                "marker": {"color": color},
+                "customdata": [[_r(r.get("gain")), _r(r.get("sqnr_gain"), 4), r.get("rank"),
+                                esc(r.get("format", "?")).upper()] for r in picked],
+                "hovertemplate": (f"<b>%{{x}}</b> ({cls}), FP32 instead of %{{customdata[3]}}"
+                                  f"<br>{esc(metric)} gain %{{customdata[0]}}<br>SQNR gain "
+                                  "%{customdata[1]} dB<br>rank %{customdata[2]}<extra></extra>"),
+            })
+    views = {"metric gain": (0, f"{esc(metric)} gain vs all quantized"),
+             "SQNR gain (dB)": (1, "output SQNR gain (dB)")}
+    shown = _r(base, 4)
+    quantized = "" if shown is None else f" (all quantized: {esc(metric)} {shown})"
     return {"data": data, "layout": _layout(
-        "Sensitivity per node: one node quantized at a time, the rest FP32", 480,
-        barmode="group", bargap=0.25, margin={"l": 70, "r": 30, "t": 95, "b": 60},
-        xaxis=_node_axis(order),
-        yaxis=_axis(views[names[0]][1]),
-        updatemenus=[{"type": "buttons", "direction": "right", "buttons": buttons,
-                      "x": 0.0, "xanchor": "left", "y": 1.02, "yanchor": "bottom",
-                      "showactive": True}])}
+        f"Gain when restored to FP32: one node FP32 at a time, the rest quantized{quantized}",
+        420, barmode="overlay", margin={"l": 70, "r": 30, "t": 95, "b": 60},
+        xaxis=_node_axis(order), **_switch_views(data, views))}
 
 
 # -- distributions ---------------------------------------------------------------------------
-def rebin(edges: Sequence[float], counts: Sequence[float], max_bins: int = MAX_BINS
-          ) -> tuple[list[float], list[float]]:
-    """Merge adjacent bins until at most ``max_bins`` remain (counts are summed)."""
-    n = len(counts)
-    if len(edges) != n + 1:
-        raise ValueError(f"histogram has {len(edges)} edges for {n} counts; need counts + 1")
-    step = max(1, math.ceil(n / max_bins))
-    merged = [_count(sum(counts[i:i + step])) for i in range(0, n, step)]
-    new_edges = [float(edges[i]) for i in range(0, n, step)] + [float(edges[n])]
-    return new_edges, merged
-
-
 def _positions(edges: Sequence[float]) -> dict[str, Any]:
     """Bin positions for a trace: ``x0``/``dx`` when the bins are uniform, else ``x``."""
     widths = [b - a for a, b in zip(edges[:-1], edges[1:], strict=True)]
@@ -365,6 +331,17 @@ def _assignment_hover(point: Mapping[str, Any]) -> str:
     return "<br>".join(lines)
 
 
+def _latency_marker(latencies: Sequence[float | None]) -> dict[str, Any]:
+    """Front markers colored by est. latency (with a color bar) when every point has one."""
+    marker: dict[str, Any] = {"size": 11, "line": {"color": "#333333", "width": 1}}
+    if latencies and all(v is not None for v in latencies):
+        marker.update(color=[_r(v) for v in latencies], colorscale="Viridis", showscale=True,
+                      colorbar={"title": {"text": "est. latency<br>(× FP32)"}})
+    else:
+        marker["color"] = "#1f77b4"
+    return marker
+
+
 def figure_front(front: Mapping[str, Any], trials: Sequence[Mapping[str, Any]]) -> Figure:
     """Metric vs size of every trial (faint) and the Pareto front (color = est. latency).
 
@@ -379,14 +356,8 @@ def figure_front(front: Mapping[str, Any], trials: Sequence[Mapping[str, Any]]) 
     sizes += [r.get("size") or 0 for r in refs.values()]
     scale, unit = size_unit(max(sizes, default=0))
     done = [t for t in trials if t.get("metric") is not None and t.get("size") is not None]
-    latencies = [p.get("latency") for p in points]
-    known = all(v is not None for v in latencies) and bool(points)
-    marker: dict[str, Any] = {"size": 11, "line": {"color": "#333333", "width": 1}}
-    if known:
-        marker.update(color=[_r(v) for v in latencies], colorscale="Viridis", showscale=True,
-                      colorbar={"title": {"text": "est. latency<br>(× FP32)"}})
-    else:
-        marker["color"] = "#1f77b4"
+    marker = _latency_marker([p.get("latency") for p in points])
+    known = "colorbar" in marker
     data: list[dict[str, Any]] = [
         {"type": "scatter", "mode": "markers", "name": "all trials", "uid": "trials",
          "x": [_r(t["size"] / scale) for t in done], "y": [_r(t["metric"]) for t in done],

@@ -23,6 +23,7 @@ from plotly.offline import get_plotlyjs
 
 from mpsearch import _report_figures as figs
 from mpsearch._cli_report import add_report_parser
+from mpsearch._report_page import CLASS_COLORS, MAX_BINS, rebin
 from mpsearch.errors import MpsearchError
 from mpsearch.graph import load_model
 from mpsearch.profiles import load_profile
@@ -57,15 +58,9 @@ def _histogram(rng: np.random.Generator, scale: float, tensor: str, role: str,
             "stats": stats, "formats": formats, "channels": None}
 
 
-def _make_run(root: Path, hostile: bool = False) -> Path:
-    rng = np.random.default_rng(0)
-    metric = "acc<script>" if hostile else "accuracy"
-    summary = summarize(load_model(DEMO)).to_dict()
-    if hostile:
-        summary["nodes"][3]["name"] = HOSTILE
-    nodes = [n for n in summary["nodes"] if n["quantizable"]]
-    profile = load_profile("x86_ort").to_dict()
-    names = [n["name"] for n in nodes]
+def _sensitivity(nodes: list[dict[str, Any]], metric: str, rng: np.random.Generator
+                 ) -> dict[str, Any]:
+    """A ``sensitivity.json`` (``Analysis.to_dict()``): both views, every quantizable node."""
     rows = []
     for fmt, scale in (("int8", 1.0), ("int16", 0.05)):
         for i, node in enumerate(nodes):
@@ -76,9 +71,28 @@ def _make_run(root: Path, hostile: bool = False) -> Path:
                          "kl": None, "proxy_sqnr": None,
                          "cls": "high" if drop > 0.02 else "medium" if drop > 0.005 else "low",
                          "rank": 0, "seconds": 0.1})
-    sensitivity = {"schema": 1, "metric": metric, "higher_is_better": True,
-                   "fp32": {"accuracy": 0.9}, "mode": "end_to_end",
-                   "formats": ["int8", "int16"], "nodes": rows}
+    gains = [{"node": node["name"], "op_type": node["op_type"], "format": "int8", "index": i,
+              "metric": 0.84 + gain, "gain": gain, "sqnr": 20.0 + 100 * gain,
+              "sqnr_gain": None if i == 1 else 100 * gain, "mse": None, "kl": None,
+              "rank": 0, "seconds": 0.1}
+             for i, node in enumerate(nodes) for gain in [float(rng.uniform(-0.005, 0.04))]]
+    base = {"formats": {n["name"]: "int8" for n in nodes}, "metric": 0.84, "sqnr": 20.0,
+            "metrics": {"accuracy": 0.84}, "kl": None}
+    return {"schema": 1, "metric": metric, "higher_is_better": True, "fp32": {"accuracy": 0.9},
+            "mode": "end_to_end", "formats": ["int8", "int16"], "nodes": rows,
+            "reverse": {"base": base, "rows": gains}}
+
+
+def _make_run(root: Path, hostile: bool = False) -> Path:
+    rng = np.random.default_rng(0)
+    metric = "acc<script>" if hostile else "accuracy"
+    summary = summarize(load_model(DEMO)).to_dict()
+    if hostile:
+        summary["nodes"][3]["name"] = HOSTILE
+    nodes = [n for n in summary["nodes"] if n["quantizable"]]
+    profile = load_profile("x86_ort").to_dict()
+    names = [n["name"] for n in nodes]
+    sensitivity = _sensitivity(nodes, metric, rng)
     curve = {"schema": 1, "metric": metric, "fp32_metric": 0.9, "fp32_size": 310_000,
              "orders": {order: [{"order": order, "step": s, "node": None if s == 0 else
                                  names[s - 1], "op_type": None, "format": "int8",
@@ -145,7 +159,7 @@ def test_every_figure_is_valid_plotly(run_dir: Path) -> None:
     payload = _payload(render_report(run_dir))
     charts = payload["charts"]
     assert set(charts) == {"chart-op-types", "chart-flops", "chart-sensitivity",
-                           "chart-curve", "chart-front"}
+                           "chart-reverse", "chart-curve", "chart-front"}
     for fig in [*charts.values(), *payload["distributions"]]:
         go.Figure(fig)  # raises on any property plotly does not know
         layout = fig["layout"]
@@ -164,7 +178,7 @@ def test_sensitivity_bars_in_topological_order_colored_by_class(run_dir: Path) -
     assert {t["offsetgroup"] for t in fig["data"]} == {"int8", "int16"}
     for trace in fig["data"]:
         fmt, cls = trace["offsetgroup"], trace["name"].split(" · ")[1]
-        assert trace["marker"]["color"] == figs.CLASS_COLORS[cls]
+        assert trace["marker"]["color"] == CLASS_COLORS[cls]
         expected = [r for r in rows if r["format"] == fmt and r["cls"] == cls]
         assert trace["x"] == [r["node"] for r in expected]  # topological, as the rows are
         assert trace["y"] == pytest.approx([r["drop"] for r in expected], rel=1e-4)
@@ -180,16 +194,50 @@ def test_sensitivity_proxy_mode_shows_sqnr_first() -> None:
     assert fig["layout"]["updatemenus"][0]["buttons"][0]["label"] == "SQNR (dB)"
 
 
+def test_reverse_view_one_bar_per_node_with_the_json_gains(run_dir: Path,
+                                                           tmp_path: Path) -> None:
+    sensitivity = json.loads((run_dir / "sensitivity.json").read_text())
+    gains = sensitivity["reverse"]["rows"]
+    fig = _payload(render_report(run_dir))["charts"]["chart-reverse"]
+    bars = {x: (y, c, t["name"]) for t in fig["data"]
+            for x, y, c in zip(t["x"], t["y"], t["customdata"], strict=True)}
+    assert sum(len(t["x"]) for t in fig["data"]) == len(bars) == len(gains)  # one per node
+    assert {n: y for n, (y, _, _) in bars.items()} == pytest.approx(
+        {g["node"]: g["gain"] for g in gains}, rel=1e-4)
+    nan = float("nan")  # the SQNR button's values; a missing SQNR gain stays missing
+    assert {n: nan if c[1] is None else c[1] for n, (_, c, _) in bars.items()} == pytest.approx(
+        {g["node"]: nan if g["sqnr_gain"] is None else g["sqnr_gain"] for g in gains},
+        rel=1e-3, nan_ok=True)
+    cls = {r["node"]: r["cls"] for r in sensitivity["nodes"] if r["format"] == "int8"}
+    assert {n: name for n, (_, _, name) in bars.items()} == cls
+    for trace in fig["data"]:  # colored as in the sensitivity view, topological order
+        assert trace["marker"]["color"] == CLASS_COLORS[trace["name"]]
+        order = [r["node"] for r in sensitivity["nodes"]]
+        assert trace["x"] == sorted(trace["x"], key=order.index)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert fig["layout"]["xaxis"]["categoryarray"] == [n["name"] for n in summary["nodes"]]
+    assert fig["layout"]["yaxis"]["title"]["text"] == "accuracy gain vs all quantized"
+    assert "all quantized: accuracy 0.84" in fig["layout"]["title"]["text"]
+    unclassified = figs.figure_reverse(gains[:1], [gains[0]["node"]], {}, "accuracy")
+    assert unclassified["data"][0]["name"] == "unclassified"
+
+    run = shutil.copytree(run_dir, tmp_path / "no_reverse")  # `analyze --no-reverse`
+    sensitivity["reverse"] = {"base": None, "rows": []}
+    (run / "sensitivity.json").write_text(json.dumps(sensitivity))
+    page = render_report(run)
+    assert "chart-reverse" not in _payload(page)["charts"]
+    assert "Reverse view: not run" in page and page.count("not run") == 1
+
+
 def test_rebin_keeps_counts_and_range() -> None:
     edges, counts = list(np.linspace(-1, 1, 257)), list(range(256))
-    new_edges, new_counts = figs.rebin(edges, counts, 64)
+    new_edges, new_counts = rebin(edges, counts, 64)
     assert len(new_counts) == 64 and len(new_edges) == 65
     assert sum(new_counts) == sum(counts)
     assert (new_edges[0], new_edges[-1]) == (-1.0, 1.0)
-    assert figs.rebin(edges[:11], counts[:10], 64) == (edges[:11], [float(c) for c in
-                                                                     counts[:10]])
+    assert rebin(edges[:11], counts[:10], 64) == (edges[:11], [float(c) for c in counts[:10]])
     with pytest.raises(ValueError, match="edges"):
-        figs.rebin(edges, counts[:10])
+        rebin(edges, counts[:10])
 
 
 def test_distribution_marks_clipping_range_and_flags() -> None:
@@ -289,7 +337,7 @@ def test_thousands_of_nodes_stay_small(tmp_path: Path) -> None:
     shown = [f["layout"]["title"]["text"].split(" ")[0] for f in payload["distributions"]]
     assert len(shown) == MAX_DISTRIBUTION_NODES and flagged <= set(shown)
     assert shown == sorted(shown, key=names.index)  # still in topological order
-    assert all(len(t["y"]) <= figs.MAX_BINS for f in payload["distributions"] for t in f["data"])
+    assert all(len(t["y"]) <= MAX_BINS for f in payload["distributions"] for t in f["data"])
     axis = payload["charts"]["chart-sensitivity"]["layout"]["xaxis"]
     assert axis["showticklabels"] is False and "hover" in axis["title"]["text"]
 
@@ -356,18 +404,21 @@ def test_report_of_a_real_demo_analysis(tmp_path: Path) -> None:
     run = tmp_path / "demo"
     prepared = prepare(DEMO, "x86_ort", DEMO.with_name("demo_data.npz"),
                        calibration_samples=8, cache_dir=run / "calibration")
-    analyze(prepared, limit=4, reverse=False, run_dir=run)
+    analyze(prepared, limit=4, run_dir=run)
     path = write_report(run)
     assert path.stat().st_size < 10_000_000
     page = path.read_text()
     payload = _payload(page)
     assert set(payload["charts"]) == {"chart-op-types", "chart-flops", "chart-sensitivity",
-                                      "chart-curve"}
+                                      "chart-reverse", "chart-curve"}
     assert "Search: not run" in page and page.count("not run") == 1
     sensitivity = json.loads((run / "sensitivity.json").read_text())
     bars = payload["charts"]["chart-sensitivity"]["data"]
     assert sum(len(t["x"]) for t in bars) == len(sensitivity["nodes"])
     assert {t["offsetgroup"] for t in bars} == set(sensitivity["formats"])
+    gains = payload["charts"]["chart-reverse"]["data"]  # the file analyze wrote, as drawn
+    assert {x: y for t in gains for x, y in zip(t["x"], t["y"], strict=True)} == pytest.approx(
+        {html.escape(g["node"]): g["gain"] for g in sensitivity["reverse"]["rows"]}, abs=1e-6)
     curve = payload["charts"]["chart-curve"]["data"]
     assert {t["name"] for t in curve} == {"topological order", "sensitivity order"}
     distributions = json.loads((run / "distributions.json").read_text())["nodes"]
@@ -386,8 +437,8 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run
                   "--disable-background-networking", "--disable-component-update",
                   "--disable-sync", "--disable-quic", "--hide-scrollbars",
                   "--remote-debugging-pipe")
-CHARTS = {"chart-op-types", "chart-flops", "chart-sensitivity", "chart-distribution",
-          "chart-curve", "chart-front"}
+CHARTS = {"chart-op-types", "chart-flops", "chart-sensitivity", "chart-reverse",
+          "chart-distribution", "chart-curve", "chart-front"}
 
 
 class Browser:
