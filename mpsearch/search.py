@@ -300,8 +300,9 @@ def run_search(
         directions.append("minimize")
     study = open_study(spec, run_dir, directions=directions, resume=resume)
     _restore_cache(study, objective)
-    objective.noise = _costs(study, objective, progress)
-    _enqueue(study, seed_assignments(graph, profile, groups, objective.noise), groups)
+    if spec.seeding:
+        objective.noise = _costs(study, objective, progress)
+        _enqueue(study, seed_assignments(graph, profile, groups, objective.noise), groups)
     start = time.perf_counter()
     done = _finished(study)
     remaining = max(spec.trials - done, 0)

@@ -60,6 +60,7 @@ class SearchSpec:
     sensitivity_limit: int | None = None
     chunks: int = 4
     analysis: bool = True
+    seeding: bool = True
     path: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,7 +88,7 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     root.check_keys(
         ("model", "profile", "data", "metric", "objectives", "constraints", "budget",
          "sampler", "seed", "storage", "study", "calibration", "formats", "evaluation",
-         "analysis"),
+         "analysis", "seeding"),
         required=("model", "profile", "data"),
     )
     base = Path(file).resolve().parent
@@ -139,5 +140,6 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
         sensitivity_limit=evaluation.get_int("sensitivity_samples", None, minimum=1),
         formats=root.get_str_list("formats", None, non_empty=True),
         analysis=root.get_bool("analysis", True),
+        seeding=root.get_bool("seeding", True),
         path=file,
     )
