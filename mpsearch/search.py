@@ -39,7 +39,8 @@ from mpsearch.quantize import Quantizer
 from mpsearch.runtime import create_session
 from mpsearch.spec import SearchSpec
 
-__all__ = ["SAMPLERS", "SearchResult", "TrialRecord", "make_sampler", "open_study", "run_search"]
+__all__ = ["SAMPLERS", "SearchResult", "TrialRecord", "make_sampler", "open_study", "run_search",
+           "study_progress"]
 
 logger = logging.getLogger(__name__)
 _WORKER = f"{socket.gethostname()}:{os.getpid()}"
@@ -399,3 +400,24 @@ def _front(records: Sequence[TrialRecord], min_metric: float | None, higher: boo
 def default_run_dir(spec: SearchSpec) -> Path:
     stem = Path(spec.path).stem if spec.path else "search"
     return Path(os.getcwd()) / "runs" / stem
+
+
+def study_progress(
+    journal: Path, study: str = "mpsearch"
+) -> tuple[list[tuple[float, float]], int]:
+    """(metric, size) of every complete trial and the number of finished (complete or pruned)
+    trials of a run's journal; ([], 0) while the study does not exist yet."""
+    if not journal.is_file():
+        return [], 0
+    try:
+        loaded = optuna.load_study(
+            study_name=study, storage=JournalStorage(JournalFileBackend(str(journal))))
+    except (KeyError, ValueError):
+        return [], 0
+    points, finished = [], 0
+    for trial in loaded.get_trials(deepcopy=False):
+        if trial.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
+            finished += 1
+        if trial.state == optuna.trial.TrialState.COMPLETE and trial.values:
+            points.append((float(trial.values[0]), float(trial.values[1])))
+    return points, finished

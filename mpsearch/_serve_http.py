@@ -1,0 +1,127 @@
+"""HTTP plumbing of ``mpsearch serve``: error responses, the request guard, error handlers.
+
+Consumes requests and exceptions; produces responses: JSON ``{"error": message}`` for API
+clients and an HTML page otherwise, one line each (a traceback only reaches the server log).
+:class:`Guard` caps request bodies (413), refuses cross-site POSTs (403) and adds the security
+headers, including a content security policy that lets pages load nothing from other origins.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mpsearch import _serve_pages as pages
+from mpsearch._serve_store import UploadError
+from mpsearch.errors import MpsearchError
+
+__all__ = ["CSP", "Guard", "error_handlers", "error_response", "wants_json"]
+
+logger = logging.getLogger("mpsearch.serve")
+
+CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline' 'unsafe-eval'; style-src 'self' "
+       "'unsafe-inline'; img-src 'self' data: blob:; font-src 'self' data:; connect-src 'self'; "
+       "frame-ancestors 'self'; object-src 'none'; base-uri 'none'; form-action 'self'")
+_FORM_SLACK = 64 * 1024  # multipart headers and small fields around the file
+
+
+def wants_json(request: Request) -> bool:
+    accept = request.headers.get("accept", "")
+    return request.url.path.startswith("/api/") or (
+        "application/json" in accept and "text/html" not in accept)
+
+
+def error_response(request: Request, message: str, status: int) -> Response:
+    if wants_json(request):
+        return JSONResponse({"error": message}, status_code=status)
+    return HTMLResponse(pages.error_page(message, status), status_code=status)
+
+
+class Guard:
+    """ASGI middleware: body size limit, cross-site POST refusal, security headers."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        message = None
+        if scope["method"] in ("POST", "PUT"):
+            message = self._refuse(request)
+        if message is not None:
+            status, text = message
+            await error_response(request, text, status)(scope, receive, send)
+            return
+        limit, seen, started = self.max_bytes + _FORM_SLACK, 0, False
+
+        async def limited() -> Message:
+            nonlocal seen
+            msg = await receive()
+            seen += len(msg.get("body", b""))
+            if seen > limit:
+                raise _TooLarge
+            return msg
+
+        async def headers(msg: Message) -> None:
+            nonlocal started
+            if msg["type"] == "http.response.start":
+                started = True
+                msg["headers"] = [*msg.get("headers", []),
+                                  (b"content-security-policy", CSP.encode()),
+                                  (b"x-content-type-options", b"nosniff"),
+                                  (b"referrer-policy", b"same-origin")]
+            await send(msg)
+
+        try:
+            await self.app(scope, limited, headers)
+        except _TooLarge:
+            if not started:
+                await error_response(request, self._too_large(), 413)(scope, receive, send)
+
+    def _too_large(self) -> str:
+        return (f"upload too large: the limit is {self.max_bytes / 1e6:.1f} MB; restart "
+                "`mpsearch serve` with a larger --max-upload-mb")
+
+    def _refuse(self, request: Request) -> tuple[int, str] | None:
+        origin = request.headers.get("origin")
+        if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host"):
+            return 403, f"cross-site request from {origin} refused"
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_bytes + _FORM_SLACK:
+            return 413, self._too_large()
+        return None
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
+    """Exception handlers: a user error is its one-line message, anything else a generic
+    message (the traceback goes to the server log only)."""
+
+    async def user_error(request: Request, exc: Exception) -> Response:
+        status = exc.status if isinstance(exc, UploadError) else 400
+        text = str(exc).splitlines()[0] if str(exc) else "bad request"
+        return error_response(request, text, status)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        return error_response(request, str(getattr(exc, "detail", "") or "bad request"),
+                              int(getattr(exc, "status_code", 400)))
+
+    async def internal(request: Request, exc: Exception) -> Response:
+        logger.exception("internal error on %s %s", request.method, request.url.path)
+        return error_response(request, f"internal error ({type(exc).__name__}); the server "
+                              "log has the details", 500)
+
+    return {MpsearchError: user_error, HTTPException: http_error, Exception: internal}

@@ -1,0 +1,122 @@
+"""One ``mpsearch serve`` job, run in its own process: ``python -m mpsearch._serve_worker``.
+
+Consumes a run directory prepared by :mod:`mpsearch._serve_jobs` (``job.json`` with the kind,
+``spec.yaml`` with everything else); produces the same run directory the CLI writes, through
+the same Python API: an analysis is :func:`~mpsearch.pipeline.prepare` then
+:func:`~mpsearch.analysis.analyze`, a search is :func:`mpsearch.runs.search`, and both end with
+:func:`~mpsearch.report.write_report`. ``export RUN_DIR POINT OUT`` writes one front point with
+:func:`mpsearch.runs.export_point`.
+
+Progress bars go to stderr (the job log the server parses); a user-facing error is written as
+one line to ``RUN_DIR/error.txt`` and the exit status follows the CLI: 0 ok, 1 nothing
+feasible, 2 bad input, 3 internal error, 130 cancelled (SIGTERM).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from types import FrameType
+
+from mpsearch.errors import MpsearchError
+
+__all__ = ["main", "run_job"]
+
+logger = logging.getLogger("mpsearch.serve.worker")
+
+ERROR_FILE = "error.txt"
+
+
+def _analyze(run_dir: Path, resume: bool) -> int:
+    from mpsearch import __version__
+    from mpsearch._io import write_json
+    from mpsearch.analysis import analyze
+    from mpsearch.pipeline import prepare
+    from mpsearch.spec import load_spec
+
+    spec = load_spec(run_dir / "spec.yaml")
+    prepared = prepare(spec.model, spec.profile, spec.data,
+                       calibration_samples=spec.calibration_samples, method=spec.method,
+                       seed=spec.data_seed, batch_size=spec.batch_size, threads=spec.threads,
+                       cache_dir=run_dir / "calibration", progress=True)
+    write_json(run_dir / "run.json", {
+        "model": spec.model, "profile": spec.profile, "data": spec.data, "spec": spec.path,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "mpsearch": __version__, "kind": "analysis"})
+    analyze(prepared, metric=spec.metric, formats=spec.formats, limit=spec.sensitivity_limit,
+            batch_size=spec.batch_size, threads=spec.threads, run_dir=run_dir, progress=True)
+    return 0
+
+
+def _search(run_dir: Path, resume: bool) -> int:
+    from mpsearch.runs import search
+    from mpsearch.spec import load_spec
+
+    run = search(load_spec(run_dir / "spec.yaml"), run_dir, resume=resume, progress=True)
+    return 0 if run.front else 1
+
+
+_KINDS = {"analysis": _analyze, "search": _search}
+
+
+def run_job(run_dir: Path) -> int:
+    """Run the job of ``run_dir`` and write its report; the exit status (see module doc)."""
+    job = json.loads((run_dir / "job.json").read_text(encoding="utf-8"))
+    (run_dir / ERROR_FILE).unlink(missing_ok=True)
+    logger.info("%s: loading the model and data, calibrating", job["kind"])
+    status = _KINDS[job["kind"]](run_dir, bool(job.get("resume")))
+    logger.info("%s done; writing the report", job["kind"])
+    from mpsearch.report import write_report
+
+    write_report(run_dir)
+    return status
+
+
+def _export(run_dir: Path, point: int, out: Path) -> int:
+    from mpsearch.runs import export_point
+
+    result = export_point(run_dir, point, out)
+    print(json.dumps({"path": str(result.path), "size": result.size,
+                      "metric": result.evaluation.value}))
+    return 0
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # Optuna marks the running trial failed; the journal stays clean
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    run_dir = Path(args[-1] if args[:1] != ["export"] else args[1])
+    try:
+        if args[:1] == ["export"]:
+            return _export(run_dir, int(args[2]), Path(args[3]))
+        return run_job(run_dir)
+    except KeyboardInterrupt:
+        print("mpsearch: cancelled", file=sys.stderr)
+        return 130
+    except MpsearchError as e:
+        _error(run_dir, args, str(e))
+        return 2
+    except Exception as e:  # a bug: the traceback goes to the log, a message to the user
+        logger.exception("job failed")
+        _error(run_dir, args, f"internal error ({type(e).__name__}: {e}); see the job log")
+        return 3
+
+
+def _error(run_dir: Path, args: Sequence[str], message: str) -> None:
+    line = " ".join(message.split()) or "failed"
+    print(f"mpsearch: error: {line}", file=sys.stderr)
+    if args[:1] != ["export"]:
+        (run_dir / ERROR_FILE).write_text(line + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

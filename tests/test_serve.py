@@ -1,0 +1,439 @@
+"""API tests of ``mpsearch serve`` through Starlette's test client: uploads (good and bad, with
+nothing left behind), the job form's checks, the job lifecycle (queue, cancel, resume, run,
+report, spec, export) and the CLI entry point."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from starlette.testclient import TestClient
+
+from mpsearch._serve_progress import last_bar, pareto, read_journal
+from mpsearch.serve import ServeConfig, create_app
+
+JSON = {"accept": "application/json"}
+BAD_PROFILE = ("schema: 1\nname: typo\nextends: x86_ort\nformats:\n  int8:\n"
+               "    weight: {granularty: per_tensor}\n")
+QUICK = {"profile": "shipped:x86_ort", "calibration": "48", "trials": "3",
+         "sensitivity_samples": "32"}
+
+
+# -- fixtures ----------------------------------------------------------------------------------
+def build_tiny(folder: Path, samples: int = 128) -> tuple[Path, Path]:
+    """A 7-node CNN on 8x8 grey images and data labelled by its own FP32 predictions."""
+    rng = np.random.default_rng(0)
+    weights = {
+        "w1": rng.normal(0, 0.6, (4, 1, 3, 3)), "b1": rng.normal(0, 0.1, 4),
+        "w2": rng.normal(0, 0.4, (8, 4, 3, 3)), "b2": rng.normal(0, 0.1, 8),
+        "w3": rng.normal(0, 0.8, (10, 8)), "b3": rng.normal(0, 0.1, 10)}
+    nodes = [
+        helper.make_node("Conv", ["input", "w1", "b1"], ["c1"], name="conv1", pads=[1] * 4),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1] * 4,
+                         strides=[2, 2]),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("GlobalAveragePool", ["r2"], ["g"], name="pool"),
+        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "w3", "b3"], ["logits"], name="fc", transB=1)]
+    graph = helper.make_graph(
+        nodes, "tiny", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
+                                                      ["batch", 1, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    model_path = folder / "tiny.onnx"
+    onnx.save(model, model_path)
+    x = rng.normal(0.5, 0.3, (samples, 1, 8, 8)).astype(np.float32)
+    from onnx.reference import ReferenceEvaluator
+
+    logits = ReferenceEvaluator(model).run(None, {"input": x})[0]
+    data_path = folder / "tiny.npz"
+    np.savez(data_path, input=x, labels=np.argmax(logits, axis=1).astype(np.int64))
+    return model_path, data_path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return build_tiny(tmp_path_factory.mktemp("tiny"))
+
+
+def _client(workdir: Path, **options: Any) -> TestClient:
+    return TestClient(create_app(ServeConfig(workdir=workdir, poll_s=0.1, **options)),
+                      raise_server_exceptions=False)
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    with _client(tmp_path / "work") as c:
+        yield c
+
+
+def _upload(client: TestClient, url: str, name: str, payload: bytes,
+            fields: dict[str, str] | None = None) -> Any:
+    return client.post(url, files={"file": (name, payload)}, data=fields or {}, headers=JSON)
+
+
+def _model(client: TestClient, path: Path) -> str:
+    response = _upload(client, "/models", path.name, path.read_bytes())
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+def _data(client: TestClient, model: str, path: Path) -> str:
+    response = _upload(client, f"/models/{model}/data", path.name, path.read_bytes())
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+def _left(work: Path, kind: str) -> list[str]:
+    return sorted(p.name for p in (work / "uploads" / kind).iterdir())
+
+
+def _wait(client: TestClient, job: str, states: tuple[str, ...], timeout: float = 180
+          ) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status: dict[str, Any] = client.get(f"/api/jobs/{job}").json()
+        if status["job"]["state"] in states:
+            return status
+        time.sleep(0.2)
+    raise AssertionError(f"job {job} not in {states} after {timeout} s: {status}")
+
+
+# -- pages and good uploads ------------------------------------------------------------------
+def test_bundled_model_shows_its_summary_profile_and_form(client: TestClient,
+                                                          tmp_path: Path) -> None:
+    index = client.get("/")
+    assert index.status_code == 200 and "demo.onnx" in index.text
+    assert "cdn" not in index.text.lower() and 'src="http' not in index.text
+    page = client.post("/models/bundled", data={"name": "demo.onnx"})
+    assert page.status_code == 200 and page.url.path.startswith("/models/")
+    html = page.text
+    for expected in ("77,418", "Conv", "GlobalAveragePool", "Heaviest nodes", "FLOPs",
+                     'data-profile="x86_ort"', "uint8 asym per-tensor", "Op rules",
+                     'value="bundled:demo_data.npz"', 'id="run-search"', 'value="entropy"'):
+        assert expected in html, expected
+    assert "content-security-policy" in page.headers
+    assert client.get("/static/serve.js").status_code == 200
+    jobs = f"{page.url.path}/jobs"
+    for _ in range(2):  # bundled data is copied in once per model, and checked
+        refused = client.post(jobs, data={**QUICK, "data": "bundled:demo_data.npz",
+                                                 "metric": "os:x"},
+                              headers=JSON)
+        assert refused.status_code == 400 and "CLI-only" in refused.json()["error"]
+    assert len(_left(tmp_path / "work", "data")) == 1
+
+
+def test_model_summary_json_and_profile_card(client: TestClient, tiny: tuple[Path, Path]
+                                             ) -> None:
+    model = _model(client, tiny[0])
+    summary = client.get(f"/api/models/{model}").json()["summary"]
+    assert summary["op_types"] == {"Conv": 2, "Relu": 2, "GlobalAveragePool": 1, "Flatten": 1,
+                                   "Gemm": 1}
+    assert summary["params"] == 4 * 9 + 4 + 8 * 36 + 8 + 80 + 10
+    card = client.get("/profiles/card", params={"ref": "shipped:qnn_htp"}).text
+    assert 'data-profile="qnn_htp"' in card and "int16" in card
+    assert "neither a shipped profile" in client.get("/profiles/card",
+                                                     params={"ref": "shipped:../x"}).text
+    assert "shipped:x86_ort" in client.get("/api/profiles").json()["profiles"]
+    named = _upload(client, "/models", "<img src=x onerror=alert(1)>.onnx", tiny[0].read_bytes())
+    assert named.status_code == 201
+    index = client.get("/").text
+    assert "&lt;img src=x onerror=alert(1)&gt;.onnx" in index and "<img" not in index
+
+
+def test_good_profile_and_zip_of_images(client: TestClient, tiny: tuple[Path, Path],
+                                        tmp_path: Path) -> None:
+    from PIL import Image
+
+    model = _model(client, tiny[0])
+    profile = _upload(client, f"/models/{model}/profiles", "mine.yaml",
+                      b"schema: 1\nname: mine\nextends: x86_ort\n")
+    assert profile.status_code == 201 and profile.json()["info"]["profile"] == "mine"
+    assert f"upload:{profile.json()['id']}" in client.get("/api/profiles").json()["profiles"]
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        for index in range(6):
+            image = io.BytesIO()
+            Image.fromarray(np.full((10, 12), index * 40, np.uint8)).save(image, "PNG")
+            zf.writestr(f"digits/{'ab'[index % 2]}/{index}.png", image.getvalue())
+    fields = {"image_size": "8,8", "image_mode": "L", "image_scale": "1/255",
+              "image_mean": "0.5", "image_input_name": "input"}
+    data = _upload(client, f"/models/{model}/data", "images.zip", buffer.getvalue(), fields)
+    assert data.status_code == 201, data.text
+    assert data.json()["info"]["samples"] == 6 and data.json()["info"]["labels"] is True
+    folder = tmp_path / "work" / "uploads" / "data" / data.json()["id"]
+    assert sorted(p.name for p in folder.iterdir()) == ["data.npz", "meta.json"]
+
+
+# -- bad uploads: a clear message and nothing left behind ----------------------------------------
+def test_not_onnx_is_refused(client: TestClient, tmp_path: Path) -> None:
+    response = _upload(client, "/models", "../../evil.onnx", b"this is not a model")
+    assert response.status_code == 400
+    message = response.json()["error"]
+    assert message.startswith("evil.onnx: not a readable ONNX model"), message
+    assert "/work/" not in message and "Traceback" not in message
+    page = client.post("/models", files={"file": ("x.onnx", b"junk")})
+    assert page.status_code == 400 and 'role="alert"' in page.text
+    assert "not a readable ONNX model" in page.text
+    assert _left(tmp_path / "work", "models") == []
+    assert "choose an ONNX model" in client.post("/models", data={"x": "1"},
+                                                 headers=JSON).json()["error"]
+
+
+def test_too_large_uploads_are_refused(tmp_path: Path, tiny: tuple[Path, Path]) -> None:
+    work = tmp_path / "work"
+    size = tiny[0].stat().st_size
+    with _client(work, max_upload_bytes=size - 100) as small:  # past the limit inside the copy
+        response = _upload(small, "/models", "tiny.onnx", tiny[0].read_bytes())
+        assert response.status_code == 413
+        assert "upload too large" in response.json()["error"]
+        huge = _upload(small, "/models", "big.onnx", b"\0" * (size + 200_000))  # at the door
+        assert huge.status_code == 413 and "--max-upload-mb" in huge.json()["error"]
+        page = small.get("/")
+        assert f'data-max-bytes="{size - 100}"' in page.text  # the browser checks first
+    assert _left(work, "models") == []
+
+
+def test_malformed_profile_shows_the_line(client: TestClient, tiny: tuple[Path, Path],
+                                          tmp_path: Path) -> None:
+    model = _model(client, tiny[0])
+    response = _upload(client, f"/models/{model}/profiles", "typo.yaml", BAD_PROFILE.encode())
+    assert response.status_code == 400
+    body = response.json()
+    assert body["error"].startswith("typo.yaml:6: unknown key 'granularty'")
+    assert "did you mean 'granularity'" in body["error"]
+    assert body["line"] == 6 and body["source_line"] == "    weight: {granularty: per_tensor}"
+    page = client.post(f"/models/{model}/profiles",
+                       files={"file": ("typo.yaml", BAD_PROFILE.encode())})
+    assert page.status_code == 400 and '<span class="lineno">6</span>' in page.text
+    syntax = _upload(client, f"/models/{model}/profiles", "bad.yaml", b"schema: [1\n")
+    assert syntax.status_code == 400 and "invalid YAML" in syntax.json()["error"]
+    assert _left(tmp_path / "work", "profiles") == []
+
+
+def test_data_not_matching_the_model(client: TestClient, tiny: tuple[Path, Path],
+                                     tmp_path: Path) -> None:
+    model = _model(client, tiny[0])
+    cases = {
+        "shape.npz": ({"input": np.zeros((4, 1, 9, 9), np.float32)}, "has shape (4, 1, 9, 9)"),
+        "name.npz": ({"image": np.zeros((4, 1, 8, 8), np.float32)}, "no array for model input"),
+        "dtype.npz": ({"input": np.zeros((4, 1, 8, 8), np.float64)}, "has dtype float64"),
+        "one.npz": ({"input": np.zeros((1, 1, 8, 8), np.float32)}, "need at least 2"),
+    }
+    for name, (arrays, expected) in cases.items():
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        response = _upload(client, f"/models/{model}/data", name, buffer.getvalue())
+        assert response.status_code == 400, name
+        assert response.json()["error"].startswith(f"{name}: ") and expected in \
+            response.json()["error"], response.json()
+    garbage = _upload(client, f"/models/{model}/data", "x.npz", b"PK not really")
+    assert garbage.status_code == 400 and "cannot read the archive" in garbage.json()["error"]
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        zf.writestr("../../escape.png", b"x")
+    unsafe = _upload(client, f"/models/{model}/data", "evil.zip", buffer.getvalue())
+    assert unsafe.status_code == 400 and "unsafe path" in unsafe.json()["error"]
+    assert _left(tmp_path / "work", "data") == []
+    assert not list(tmp_path.rglob("escape.png"))
+
+
+def test_job_form_refuses_code_and_bad_values(client: TestClient, tiny: tuple[Path, Path],
+                                              tmp_path: Path) -> None:
+    model = _model(client, tiny[0])
+    data = _data(client, model, tiny[1])
+    url = f"/models/{model}/jobs"
+    cases = {"metric": ("os:system", "CLI-only"), "trials": ("many", "whole number"),
+             "profile": ("upload:../../etc", "no profile upload"),
+             "method": ("magic", "range method 'magic' is not one of"),
+             "formats": ("int4", "not in profile 'x86_ort'"),
+             "granularity": ("per_row", "weight granularity"),
+             "analysis": ("maybe", "per-node analysis 'maybe'")}
+    for key, (value, expected) in cases.items():
+        response = client.post(url, data={**QUICK, "data": data, key: value}, headers=JSON)
+        assert response.status_code in (400, 404), key
+        assert expected in response.json()["error"], (key, response.json())
+    page = client.post(url, data={**QUICK, "data": data, "metric": "mod:fn"})
+    assert page.status_code == 400 and "CLI-only" in page.text and 'id="error-job"' in page.text
+    assert list((tmp_path / "work" / "runs").iterdir()) == []
+
+
+def test_ids_in_addresses_are_checked(client: TestClient) -> None:
+    for url in ("/models/..%2F..%2Fetc", "/jobs/0123456789abcdef", "/api/jobs/xyz",
+                "/models/0123456789abcdef", "/jobs/0123456789abcdef/spec.yaml"):
+        response = client.get(url, headers=JSON)
+        assert response.status_code == 404, url
+        assert "error" in response.json()
+    refused = client.post("/models/bundled", data={"name": "demo.onnx"},
+                          headers={"origin": "http://evil.example", **JSON})
+    assert refused.status_code == 403 and "cross-site" in refused.json()["error"]
+
+
+def test_internal_errors_are_messages(client: TestClient, monkeypatch: pytest.MonkeyPatch,
+                                      tiny: tuple[Path, Path]) -> None:
+    from mpsearch import _serve_store
+
+    model = _model(client, tiny[0])
+
+    def broken(self: Any, upload: Any) -> dict[str, Any]:
+        raise RuntimeError("boom\n  File x.py, line 1")
+
+    monkeypatch.setattr(_serve_store.Store, "summary", broken)
+    response = client.get(f"/models/{model}")
+    assert response.status_code == 500
+    assert "internal error (RuntimeError)" in response.text and "File x.py" not in response.text
+
+
+# -- jobs ------------------------------------------------------------------------------------
+def test_queue_cancel_resume(tmp_path: Path, tiny: tuple[Path, Path]) -> None:
+    with _client(tmp_path / "work", max_running=1) as client:
+        model = _model(client, tiny[0])
+        data = _data(client, model, tiny[1])
+        form = {**QUICK, "data": data, "kind": "search", "trials": "500"}
+        first = client.post(f"/models/{model}/jobs", data=form, headers=JSON).json()["id"]
+        second = client.post(f"/models/{model}/jobs", data=form, headers=JSON).json()["id"]
+        _wait(client, first, ("running",))
+        status = client.get(f"/api/jobs/{second}").json()
+        assert status["job"]["state"] == "queued" and status["position"] == 1
+        client.post(f"/jobs/{second}/cancel", headers=JSON)
+        assert client.get(f"/api/jobs/{second}").json()["job"]["state"] == "cancelled"
+        client.post(f"/jobs/{first}/cancel", headers=JSON)
+        _wait(client, first, ("cancelled",), timeout=30)
+        resumed = client.post(f"/jobs/{first}/resume", headers=JSON).json()
+        assert resumed["state"] == "queued" and resumed["resume"] is True
+        _wait(client, first, ("running",))
+        page = client.get(f"/jobs/{first}")
+        assert 'id="progress"' in page.text and 'id="cancel"' in page.text
+    job = json.loads((tmp_path / "work" / "runs" / first / "job.json").read_text())
+    assert job["state"] == "interrupted"  # the server stopped while it ran
+    with _client(tmp_path / "work") as again:  # a restart keeps the jobs
+        assert {j["id"] for j in again.get("/api/jobs").json()["jobs"]} == {first, second}
+
+
+def test_failed_job_shows_one_line(client: TestClient, tiny: tuple[Path, Path]) -> None:
+    model = _model(client, tiny[0])
+    data = _data(client, model, tiny[1])
+    strict = _upload(client, f"/models/{model}/profiles", "strict.yaml",
+                     b"schema: 1\nname: strict\nextends: x86_ort\nfallback: error\n"
+                     b"unlisted_ops: []\n").json()["id"]
+    form = {**QUICK, "data": data, "kind": "analysis", "profile": f"upload:{strict}"}
+    job = client.post(f"/models/{model}/jobs", data=form, headers=JSON).json()["id"]
+    status = _wait(client, job, ("done", "failed"))
+    error = status["job"]["error"]
+    assert status["job"]["state"] == "failed" and "\n" not in error
+    assert "op Flatten has no allowed format and fallback is 'error'" in error
+    page = client.get(f"/jobs/{job}").text
+    assert 'id="job-error"' in page and 'id="resume"' in page and "Traceback" not in page
+    assert "mpsearch analyze " in page and "--calibration-samples 48 --limit 32" in page
+
+
+def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
+                               tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    from mpsearch.report import write_report
+    from mpsearch.runs import search
+    from mpsearch.spec import load_spec
+
+    model = _model(client, tiny[0])
+    data = _data(client, model, tiny[1])
+    form = {**QUICK, "data": data, "kind": "search", "granularity": "per_tensor",
+            "method": "percentile", "formats": "int8", "formats_shown": "1", "analysis": "off"}
+    job = client.post(f"/models/{model}/jobs", data=form, headers=JSON).json()["id"]
+    status = _wait(client, job, ("done", "failed"))
+    run_dir = tmp_path / "work" / "runs" / job
+    assert status["job"]["state"] == "done", (run_dir / "job.log").read_text()[-2000:]
+    for name in ("spec.yaml", "hw_profile.yaml", "front.json", "trials.csv", "study.journal",
+                 "report.html"):
+        assert (run_dir / name).is_file(), name
+    assert not (run_dir / "sensitivity.json").exists()  # per-node analysis was turned off
+    downloaded = tmp_path / "downloads" / "spec.yaml"  # the spec runs from anywhere
+    downloaded.parent.mkdir()
+    downloaded.write_bytes(client.get(f"/jobs/{job}/spec.yaml").content)
+    spec = load_spec(downloaded)
+    assert (spec.trials, spec.method, spec.formats) == (3, "percentile", ("int8",))
+    assert spec.analysis is False
+    assert spec.profile.endswith("hw_profile.yaml")
+    assert "granularity: per_tensor" in client.get(f"/jobs/{job}/hw_profile.yaml").text
+    page = client.get(f"/jobs/{job}").text
+    assert 'id="front"' in page and 'iframe id="report"' in page and "--resume" in page
+    report = client.get(f"/jobs/{job}/report")
+    assert report.headers["content-type"].startswith("text/html") and "Plotly" in report.text
+    assert write_report(run_dir).is_file()  # `mpsearch report` works on a served run
+    resumed = search(spec.with_overrides(trials=4), run_dir, resume=True)  # and `--resume`
+    assert len([r for r in resumed.result.trials if r.state == "complete"]) >= 3
+    points, finished = read_journal(run_dir / "study.journal")
+    assert finished >= 3 and points
+    download = client.get(f"/jobs/{job}/export", params={"point": "0"})
+    assert download.status_code == 200
+    assert "tiny-point0.onnx" in download.headers["content-disposition"]
+    session = ort.InferenceSession(download.content, providers=["CPUExecutionProvider"])
+    out = session.run(None, {"input": np.zeros((2, 1, 8, 8), np.float32)})[0]
+    assert out.shape == (2, 10)
+    bad = client.get(f"/jobs/{job}/export", params={"point": "99"}, headers=JSON)
+    assert bad.status_code == 400 and "the front has points" in bad.json()["error"]
+
+
+# -- progress parsing and the CLI --------------------------------------------------------------
+def test_progress_parsing(tmp_path: Path) -> None:
+    log = ("calibrate: 100%|##| 48/48 [00:01<00:00, 40sample/s]\rsearch:  33%|#  | 1/3 "
+           "[00:02<00:04,  2.0s/trial, best=0.9000, evals=1, front=1]\r")
+    bar = last_bar(log)
+    assert bar is not None and (bar["stage"], bar["done"], bar["total"]) == ("search", 1, 3)
+    assert (bar["elapsed"], bar["left"], bar["postfix"]["front"]) == (2.0, 4.0, "1")
+    journal = tmp_path / "study.journal"
+    ops = [{"op_code": 6, "trial_id": 0, "state": 1, "values": [0.9, 100.0]},
+           {"op_code": 6, "trial_id": 1, "state": 2, "values": None},
+           {"op_code": 6, "trial_id": 2, "state": 1, "values": [0.8, 50.0]},
+           {"op_code": 6, "trial_id": 3, "state": 1, "values": [0.7, 80.0]}]
+    journal.write_text("\n".join(json.dumps(op) for op in ops) + "\n{\"op_co")
+    points, finished = read_journal(journal)
+    assert finished == 4 and pareto(points, higher=True) == [(0.8, 50.0), (0.9, 100.0)]
+
+
+def test_cli_serve_prints_its_loopback_address(tmp_path: Path) -> None:
+    from mpsearch._cli_serve import add_serve_parser
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve"])
+    assert (args.host, args.port, args.func.__name__) == ("127.0.0.1", 8765, "handler")
+    code = ("import argparse, sys; from mpsearch._cli_serve import add_serve_parser as a\n"
+            "p = argparse.ArgumentParser(); a(p.add_subparsers())\n"
+            "args = p.parse_args(sys.argv[1:]); sys.exit(args.func(args))")
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--port", "0", "--workdir",
+                             str(tmp_path / "w")], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        assert line.startswith("mpsearch serve: http://127.0.0.1:"), line
+        address = line.split()[2]
+        for _ in range(50):
+            try:
+                with urllib.request.urlopen(address, timeout=5) as response:
+                    assert response.status == 200
+                    break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError(f"{address} did not answer")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    assert (tmp_path / "w" / "uploads").is_dir()
