@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import optuna
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from starlette.testclient import TestClient
@@ -399,11 +400,18 @@ def test_progress_parsing(tmp_path: Path) -> None:
     assert bar is not None and (bar["stage"], bar["done"], bar["total"]) == ("search", 1, 3)
     assert (bar["elapsed"], bar["left"], bar["postfix"]["front"]) == (2.0, 4.0, "1")
     journal = tmp_path / "study.journal"
-    ops = [{"op_code": 6, "trial_id": 0, "state": 1, "values": [0.9, 100.0]},
-           {"op_code": 6, "trial_id": 1, "state": 2, "values": None},
-           {"op_code": 6, "trial_id": 2, "state": 1, "values": [0.8, 50.0]},
-           {"op_code": 6, "trial_id": 3, "state": 1, "values": [0.7, 80.0]}]
-    journal.write_text("\n".join(json.dumps(op) for op in ops) + "\n{\"op_co")
+    assert read_journal(journal) == ([], 0)
+    study = optuna.create_study(
+        study_name="mpsearch", directions=["maximize", "minimize"],
+        storage=optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(journal))))
+    for values in ([0.9, 100.0], None, [0.8, 50.0], [0.7, 80.0]):
+        trial = study.ask()
+        if values is None:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            study.tell(trial, values)
+    study.ask()  # a running trial is not finished
     points, finished = read_journal(journal)
     assert finished == 4 and pareto(points, higher=True) == [(0.8, 50.0), (0.9, 100.0)]
 
