@@ -69,6 +69,7 @@ def _spec(prepared: Prepared, trials: int, sampler: str, seed: int, seeding: boo
           storage: Path) -> SearchSpec:
     return SearchSpec(model="-", profile=prepared.profile.name, data="-", trials=trials,
                       sampler=sampler, seed=seed, seeding=seeding, analysis=False,
+                      explore=0.5 if seeding else 0.0,
                       storage=str(storage), study=f"{sampler}-{seed}-{seeding}",
                       objectives=("metric", "size"))
 

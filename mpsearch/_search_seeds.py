@@ -18,7 +18,7 @@ from mpsearch.assignment import model_size
 from mpsearch.graph import ModelGraph
 from mpsearch.profiles import HardwareProfile
 
-__all__ = ["Group", "Seed", "group_nodes", "knapsack", "seed_assignments"]
+__all__ = ["Group", "Seed", "group_nodes", "knapsack", "neighbor", "seed_assignments"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,3 +156,28 @@ def _extra_sizes(
             trial.update(dict.fromkeys(group.nodes, fmt))
             extra[(group.name, fmt)] = max(float(model_size(graph, profile, trial)) - reference, 0)
     return extra
+
+
+def neighbor(
+    groups: Sequence[Group], levels: Mapping[str, int], cost: Mapping[tuple[str, str], float],
+    rng: np.random.Generator,
+) -> dict[str, int]:
+    """One step from a front point (group -> format index): promote a group one format up,
+    chosen with probability proportional to its sensitivity at its current format, or demote
+    one a format down, chosen with probability inversely proportional to the sensitivity it
+    would have there. Without sensitivities the choice is uniform."""
+    up = [g for g in groups if levels[g.name] < len(g.formats) - 1]
+    down = [g for g in groups if levels[g.name] > 0]
+    promote = bool(up) and (not down or rng.random() < 0.5)
+    pool = up if promote else down
+    if promote:
+        weights = [cost.get((g.name, g.formats[levels[g.name]]), 0.0) for g in pool]
+    else:
+        weights = [1.0 / (cost.get((g.name, g.formats[levels[g.name] - 1]), 0.0) + 1e-6)
+                   for g in pool]
+    total = float(sum(weights))
+    chances = [w / total for w in weights] if total > 0 else None
+    group = pool[int(rng.choice(len(pool), p=chances))]
+    moved = dict(levels)
+    moved[group.name] += 1 if promote else -1
+    return moved

@@ -30,7 +30,7 @@ import optuna
 from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
-from mpsearch._search_seeds import Group, Seed, group_nodes, seed_assignments
+from mpsearch._search_seeds import Group, Seed, group_nodes, neighbor, seed_assignments
 from mpsearch.assignment import Assignment, estimate_latency, make_assignment, model_size
 from mpsearch.errors import SearchError
 from mpsearch.evaluate import Evaluator
@@ -311,6 +311,8 @@ def run_search(
         states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
         callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = [
             optuna.study.MaxTrialsCallback(spec.trials, states=states)]  # shared storages
+        if spec.explore > 0:
+            callbacks.append(_explore_callback(objective, spec))
         if progress:
             callbacks.append(_progress_callback(spec.trials, done, objective))
         study.optimize(objective, n_trials=remaining, timeout=spec.timeout_s,
@@ -319,6 +321,34 @@ def run_search(
     front = _front(records, min_metric, evaluator.primary.higher_is_better)
     return SearchResult(trials=records, front=front, evaluations=objective.evaluations,
                         seconds=time.perf_counter() - start, timing=dict(objective.timing))
+
+
+def _explore_callback(
+    objective: _Objective, spec: SearchSpec
+) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
+    """After a trial, with probability ``spec.explore``, queue an unseen neighbour of a random
+    front point (one group a format up or down, guided by the sensitivities): a local search
+    around the front that the sampler alone reaches slowly."""
+    rng = np.random.default_rng(spec.seed)
+    groups = objective.groups
+
+    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+        front = study.best_trials
+        if waiting or not front or rng.random() >= spec.explore:
+            return
+        for _ in range(10):
+            start = front[int(rng.integers(len(front)))].params
+            levels = neighbor(groups, {g.name: int(start[g.name]) for g in groups},
+                              objective.noise, rng)
+            formats = objective.assignment(levels)
+            key = make_assignment(objective.prepared.graph, objective.prepared.profile,
+                                  formats).key()
+            if key not in objective.cache:
+                study.enqueue_trial(levels, user_attrs={"source": "front neighbour"})
+                return
+
+    return callback
 
 
 def _finished(study: optuna.Study) -> int:

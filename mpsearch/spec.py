@@ -61,6 +61,7 @@ class SearchSpec:
     chunks: int = 4
     analysis: bool = True
     seeding: bool = True
+    explore: float = 0.5
     path: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,6 +80,13 @@ def _path(section: Section, key: str, base: Path) -> str:
     return str(path if path.is_absolute() else (base / path).resolve())
 
 
+def _fraction(section: Section, key: str, default: float) -> float:
+    value: float = section.get_float(key, default, minimum=0.0)
+    if value > 1.0:
+        section.fail(key, f"{section.path(key)} must be between 0 and 1, got {value}")
+    return value
+
+
 def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     """Read and validate a search spec (:class:`SpecError` with file:line on any problem)."""
     file = os.fspath(path)
@@ -88,7 +96,7 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     root.check_keys(
         ("model", "profile", "data", "metric", "objectives", "constraints", "budget",
          "sampler", "seed", "storage", "study", "calibration", "formats", "evaluation",
-         "analysis", "seeding"),
+         "analysis", "seeding", "explore"),
         required=("model", "profile", "data"),
     )
     base = Path(file).resolve().parent
@@ -141,5 +149,6 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
         formats=root.get_str_list("formats", None, non_empty=True),
         analysis=root.get_bool("analysis", True),
         seeding=root.get_bool("seeding", True),
+        explore=_fraction(root, "explore", 0.5),
         path=file,
     )
