@@ -29,7 +29,7 @@ from mpsearch.errors import DataError, SpecError
 from mpsearch.graph import ModelGraph
 from mpsearch.runtime import Session, create_session
 
-__all__ = ["METRICS", "Evaluation", "Evaluator", "Metric", "measure_latency", "resolve_metric"]
+__all__ = ["METRICS", "Evaluation", "Evaluator", "Metric", "resolve_metric"]
 
 logger = logging.getLogger(__name__)
 
@@ -179,10 +179,3 @@ class Evaluator:
         return Evaluation(metrics=self.metrics(self.reference), primary=self.primary.name,
                           samples=len(self.reference), seconds=0.0)
 
-
-def measure_latency(
-    model: onnx.ModelProto | bytes, feeds: Mapping[str, np.ndarray], *, threads: int = 2,
-    repeat: int = 20,
-) -> float:
-    """Median seconds of one ORT run of ``feeds`` (after a warm-up)."""
-    return create_session(model, threads=threads).time_batch(feeds, repeat=repeat)

@@ -427,11 +427,6 @@ def _front(records: Sequence[TrialRecord], min_metric: float | None, higher: boo
     return tuple(sorted(front, key=lambda r: (r.size, -sign * (r.metric or 0.0))))
 
 
-def default_run_dir(spec: SearchSpec) -> Path:
-    stem = Path(spec.path).stem if spec.path else "search"
-    return Path(os.getcwd()) / "runs" / stem
-
-
 def study_progress(
     journal: Path, study: str = "mpsearch"
 ) -> tuple[list[tuple[float, float]], int]:
