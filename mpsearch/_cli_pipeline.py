@@ -20,15 +20,16 @@ def _kb(size: float) -> str:
 def _quantize(args: argparse.Namespace) -> int:
     from mpsearch.assignment import load_assignment, model_size, uniform_assignment
     from mpsearch.evaluate import Evaluator
+    from mpsearch.graph import load_model
     from mpsearch.pipeline import prepare, write_model
+    from mpsearch.profiles import load_profile
     from mpsearch.quantize import Quantizer
 
-    prepared = prepare(args.model, args.profile, args.data,
-                       calibration_samples=args.calibration_samples, method=args.method,
-                       seed=args.seed, progress=not args.quiet)
-    graph, profile = prepared.graph, prepared.profile
+    graph, profile = load_model(args.model), load_profile(args.profile)
     assignment = (uniform_assignment(graph, profile, args.uniform) if args.uniform
-                  else load_assignment(args.assignment, graph, profile))
+                  else load_assignment(args.assignment, graph, profile))  # before any work
+    prepared = prepare(graph, profile, args.data, calibration_samples=args.calibration_samples,
+                       method=args.method, seed=args.seed, progress=not args.quiet)
     model = Quantizer(graph, prepared.table, profile, method=args.method).build(assignment)
     write_model(args.out, model)
     evaluator = Evaluator(graph, prepared.validation, metric=args.metric)

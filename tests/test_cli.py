@@ -1,0 +1,76 @@
+"""The command line end to end: quantize, eval, export errors, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+from mpsearch.cli import main
+from mpsearch.runtime import create_session
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MODEL = str(FIXTURES / "mobilenetv2.onnx")
+DATA = str(FIXTURES / "digits_eval.npz")
+
+
+def test_quantize_uniform_then_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "int8.onnx"
+    code = main(["-q", "quantize", MODEL, "--profile", "x86_ort", "--data", DATA,
+                 "--uniform", "int8", "--out", str(out), "--calibration-samples", "64"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "size" in printed and "accuracy" in printed and "latency" in printed
+    onnx.checker.check_model(onnx.load(str(out)))
+    create_session(out)
+    assert main(["eval", str(out), "--data", DATA, "--reference", MODEL]) == 0
+    lines = dict(line.split(maxsplit=1) for line in capsys.readouterr().out.splitlines()[1:])
+    assert 0.9 <= float(lines["agreement"]) <= 1.0
+
+
+def test_quantize_from_an_assignment_file(tmp_path: Path) -> None:
+    from mpsearch.graph import load_model
+
+    graph = load_model(MODEL)
+    conv = next(n.name for n in graph.quantizable_nodes() if n.op_type == "Conv")
+    assignment = tmp_path / "a.json"
+    assignment.write_text(json.dumps({conv: "int16"}))
+    out = tmp_path / "mixed.onnx"
+    assert main(["-q", "quantize", MODEL, "--profile", "x86_ort", "--data", DATA,
+                 "--assignment", str(assignment), "--out", str(out),
+                 "--calibration-samples", "32"]) == 0
+    ops = {n.op_type for n in onnx.load(str(out)).graph.node}
+    assert "QuantizeLinear" in ops
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["quantize", MODEL, "--profile", "x86_ort", "--data", DATA, "--uniform", "int4",
+      "--out", "x.onnx"], "no format 'int4'"),
+    (["quantize", MODEL, "--profile", "no_such_target", "--data", DATA, "--uniform", "int8",
+      "--out", "x.onnx"], "no_such_target"),
+    (["quantize", MODEL, "--profile", "x86_ort", "--data", str(FIXTURES / "missing.npz"),
+      "--uniform", "int8", "--out", "x.onnx"], "missing.npz"),
+    (["export", "/nonexistent/run", "--point", "0", "--out", "x.onnx"], "not a finished search"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mpsearch: error: ") and message in err and "\n" not in err
+    assert not (tmp_path / "x.onnx").exists()  # nothing half-written
+
+
+def test_data_that_does_not_match_the_model(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, input=np.zeros((8, 3, 32, 32), np.float32))
+    assert main(["quantize", MODEL, "--profile", "x86_ort", "--data", str(bad),
+                 "--uniform", "int8", "--out", str(tmp_path / "x.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "bad.npz" in err and "'input'" in err
