@@ -148,6 +148,25 @@ def _is_quantized(fmt: Format) -> bool:
     return not (fmt.activation.dtype == "float32" and fmt.weight.dtype == "float32")
 
 
+_CLAMPS = frozenset({"Relu", "Clip"})
+
+
+def _range_source(graph: ModelGraph, tensor: str) -> str:
+    """The tensor whose calibrated range quantizes ``tensor``: the output of the Relu or Clip
+    that is its only reader (ORT's quantizer does the same), else the tensor itself.
+
+    Quantizing a Conv output on the Relu's range makes the Q do the clamping: Relu(clip(x)) =
+    clip(Relu(x)) on that range, no grid is spent on values the Relu discards, and the
+    producer and the Relu share one Q/DQ pair that ORT folds into its integer kernels."""
+    readers = graph.consumers(tensor)
+    if len(readers) != 1 or any(o.name == tensor for o in graph.outputs):
+        return tensor
+    reader = graph.nodes[readers[0]]
+    if reader.op_type not in _CLAMPS or not reader.quantizable or reader.inputs[0] != tensor:
+        return tensor
+    return reader.outputs[0]
+
+
 def plan_nodes(
     graph: ModelGraph, profile: HardwareProfile, assignment: Mapping[str, str]
 ) -> tuple[NodePlan, ...]:
@@ -162,8 +181,8 @@ def plan_nodes(
         shared = rule is not None and rule.same_input_scale and bool(node.outputs)
         inputs, constants = [], []
         for tensor in node.activation_inputs:
-            spec = ActivationSpec(act.dtype, act.symmetric, act.scale,
-                                  node.outputs[0] if shared else tensor)
+            source = node.outputs[0] if shared else _range_source(graph, tensor)
+            spec = ActivationSpec(act.dtype, act.symmetric, act.scale, source)
             if tensor in graph.initializers:
                 if graph.initializers[tensor].dtype == np.float32:
                     constants.append((tensor, spec))
@@ -171,7 +190,8 @@ def plan_nodes(
                 inputs.append((tensor, spec))
         fixed = profile.fixed_qparams(node.op_type, fmt.name)
         outputs = tuple(
-            (t, ActivationSpec(act.dtype, act.symmetric, act.scale, t, fixed))
+            (t, ActivationSpec(act.dtype, act.symmetric, act.scale,
+                               t if fixed else _range_source(graph, t), fixed))
             for t in node.outputs if t and graph.is_float(t)
         )
         weight_fmt = profile.weight_format(node.op_type, fmt.name)

@@ -100,14 +100,14 @@ def test_demo_files_load() -> None:
 
     assert DEMO_MODEL.is_file() and DEMO_DATA.is_file()
     assert DEMO_MODEL.stat().st_size <= MAX_BYTES and DEMO_DATA.stat().st_size <= MAX_BYTES
-    assert DEMO_MODEL.read_bytes() == (FIXTURES / "sensitive.onnx").read_bytes()
+    assert DEMO_MODEL.read_bytes() == (FIXTURES / "shufflenet.onnx").read_bytes()
     onnx.checker.check_model(onnx.load(str(DEMO_MODEL)))
     with np.load(DEMO_DATA) as data:
         x, y = data["input"], data["labels"]
     ex, ey = _eval_data()
     np.testing.assert_array_equal(x, ex)
     np.testing.assert_array_equal(y, ey)
-    recorded = round(MANIFEST["models"]["sensitive"]["fp32_accuracy"] * len(y))
+    recorded = round(MANIFEST["models"]["shufflenet"]["fp32_accuracy"] * len(y))
     assert abs(_correct(DEMO_MODEL, x, y) - recorded) <= 1
 
 

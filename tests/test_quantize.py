@@ -60,10 +60,12 @@ def _expected(graph: ModelGraph, table: object, x: np.ndarray, gemm: str, relu: 
     s_b = (s_x.astype(np.float64) * s_w).astype(np.float32)
     bq = np.round(b / s_b) * s_b
     g = _fq(x, s_x, z_x, adt[gemm]) @ wq.T + bq
-    s_g, z_g = act("g", adt[gemm])
+    # The Gemm output's only reader is the Relu: it is quantized on the Relu's range (the Q
+    # clamps), as ONNX Runtime's quantizer does.
+    s_g, z_g = act("y", adt[gemm])
     g = _fq(g, s_g, z_g, adt[gemm])
     if relu != gemm:
-        g = _fq(g, *act("g", adt[relu]), adt[relu])
+        g = _fq(g, *act("y", adt[relu]), adt[relu])
     s_y, z_y = act("y", adt[relu])
     return _fq(np.maximum(g, 0), s_y, z_y, adt[relu]), float(s_y)
 

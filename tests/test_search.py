@@ -29,7 +29,7 @@ ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def _spec(tmp_path: Path, model: str = "sensitive", trials: int = 14, extra: str = "") -> Path:
+def _spec(tmp_path: Path, model: str = "shufflenet", trials: int = 14, extra: str = "") -> Path:
     path = tmp_path / f"{model}.yaml"
     path.write_text(
         f"model: {FIXTURES / (model + '.onnx')}\n"
@@ -102,7 +102,7 @@ def test_search_writes_a_front(finished_run: Path) -> None:
     assert any("knapsack" in line or "greedy" in line for line in trials)
 
 
-def test_front_dominates_uniform_int8_on_the_sensitive_model(finished_run: Path) -> None:
+def test_front_beats_uniform_int8_where_int8_loses_accuracy(finished_run: Path) -> None:
     front = json.loads((finished_run / "front.json").read_text())
     int8 = front["uniform"]["int8"]
     fp32 = front["fp32"]
