@@ -406,7 +406,7 @@ def _records(study: optuna.Study) -> tuple[TrialRecord, ...]:
 
 def _front(records: Sequence[TrialRecord], min_metric: float | None, higher: bool
            ) -> tuple[TrialRecord, ...]:
-    """Feasible non-dominated records (metric vs size vs latency), one per assignment."""
+    """Feasible non-dominated records (metric vs size vs latency), one per objective vector."""
     sign = 1.0 if higher else -1.0
     done = [r for r in records if r.metric is not None]
     if min_metric is not None:
@@ -419,10 +419,9 @@ def _front(records: Sequence[TrialRecord], min_metric: float | None, higher: boo
         better = sign * a.metric > sign * b.metric or a.size < b.size or la < lb
         return no_worse and better
 
-    unique: dict[str, TrialRecord] = {}
-    for record in done:
-        key = repr(sorted(record.assignment.items()))
-        unique.setdefault(key, record)
+    unique: dict[tuple[float | None, int, float | None], TrialRecord] = {}
+    for record in done:  # one point per objective vector (the first trial that reached it)
+        unique.setdefault((record.metric, record.size, record.latency), record)
     front = [r for r in unique.values() if not any(dominates(o, r) for o in unique.values())]
     return tuple(sorted(front, key=lambda r: (r.size, -sign * (r.metric or 0.0))))
 
