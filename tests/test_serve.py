@@ -126,7 +126,7 @@ def test_bundled_model_shows_its_summary_profile_and_form(client: TestClient,
     page = client.post("/models/bundled", data={"name": "demo.onnx"})
     assert page.status_code == 200 and page.url.path.startswith("/models/")
     html = page.text
-    for expected in ("77,418", "Conv", "GlobalAveragePool", "Heaviest nodes", "FLOPs",
+    for expected in ("30,866", "Conv", "GlobalAveragePool", "Heaviest nodes", "FLOPs",
                      'data-profile="x86_ort"', "uint8 asym per-tensor", "Op rules",
                      'value="bundled:demo_data.npz"', 'id="run-search"', 'value="entropy"'):
         assert expected in html, expected
