@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -90,6 +90,7 @@ class NodePlan:
     weights: tuple[tuple[str, TensorFormat], ...]
     bias: str | None
     outputs: tuple[tuple[str, ActivationSpec], ...]
+    clamped_by_q: bool = False  # a Relu/Clip whose input's QuantizeLinear already clamps
 
 
 def make_assignment(
@@ -167,6 +168,26 @@ def _range_source(graph: ModelGraph, tensor: str) -> str:
     return reader.outputs[0]
 
 
+def _clamped_by_q(
+    graph: ModelGraph, node: Node, inputs: Sequence[tuple[str, ActivationSpec]],
+    outputs: Sequence[tuple[str, ActivationSpec]],
+) -> bool:
+    """True when a Relu/Clip needs no kernel: its input is quantized on its own output's range
+    with an asymmetric grid, whose QuantizeLinear clamps exactly as the op does (the grid
+    always contains 0, so this needs Clip bounds min <= 0 <= max)."""
+    if node.op_type not in _CLAMPS or len(inputs) != 1 or len(outputs) != 1:
+        return False
+    (_, spec_in), (_, spec_out) = inputs[0], outputs[0]
+    if spec_in != spec_out or spec_in.symmetric:
+        return False
+    bounds = [graph.initializers.get(t) for t in node.inputs[1:3] if t]
+    if any(b is None or b.size != 1 for b in bounds):
+        return False  # bounds computed at run time
+    low = float(bounds[0]) if len(bounds) > 0 and node.inputs[1] else -np.inf
+    high = float(bounds[-1]) if len(node.inputs) > 2 and node.inputs[2] else np.inf
+    return low <= 0.0 <= high
+
+
 def plan_nodes(
     graph: ModelGraph, profile: HardwareProfile, assignment: Mapping[str, str]
 ) -> tuple[NodePlan, ...]:
@@ -195,11 +216,12 @@ def plan_nodes(
             for t in node.outputs if t and graph.is_float(t)
         )
         weight_fmt = profile.weight_format(node.op_type, fmt.name)
+        clamped = _clamped_by_q(graph, node, inputs, outputs)
         plans.append(NodePlan(
             node=node, fmt=fmt, inputs=tuple(inputs), constants=tuple(constants),
             weights=tuple((w, weight_fmt) for w in node.weights),
             bias=node.bias if fmt.bias == "int32" and node.weights else None,
-            outputs=outputs,
+            outputs=() if clamped else outputs, clamped_by_q=clamped,
         ))
     return tuple(plans)
 
@@ -222,6 +244,7 @@ def model_size(graph: ModelGraph, profile: HardwareProfile, assignment: Mapping[
     plans = plan_nodes(graph, profile, assignment)
     planned = {p.node.name: p for p in plans}
     stored: dict[object, int] = {}
+    carried: dict[str, ActivationSpec] = {}
     float_used: set[str] = set()
     for node in graph.nodes.values():
         plan = planned.get(node.name)
@@ -238,9 +261,14 @@ def model_size(graph: ModelGraph, profile: HardwareProfile, assignment: Mapping[
             if plan.bias is not None:
                 stored[(plan.bias, node.name)] = graph.initializers[plan.bias].size * 12
             for tensor, spec in (*plan.inputs, *plan.outputs):
-                stored[(tensor, spec)] = 0 if _float(spec) else 4 + _BYTES[spec.dtype]
+                if carried.get(tensor) != spec:  # a clamped Relu's output needs no new Q/DQ
+                    stored[(tensor, spec)] = 0 if _float(spec) else 4 + _BYTES[spec.dtype]
+            if plan.clamped_by_q:
+                carried[node.outputs[0]] = plan.inputs[0][1]
             replaced = {w for w, _ in plan.weights} | {t for t, _ in plan.constants}
             replaced |= {plan.bias} if plan.bias else set()
+            if plan.clamped_by_q:  # an Identity replaces it: its Clip bounds are not stored
+                replaced |= set(node.inputs[1:])
         float_used.update(t for t in node.inputs if t in graph.initializers and t not in replaced)
     floats = sum(int(graph.initializers[t].nbytes) for t in float_used)
     return floats + sum(stored.values())

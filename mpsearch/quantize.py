@@ -281,6 +281,12 @@ class _Build:
         replace: dict[str, str] = {}
         for tensor, spec in plan.inputs:
             replace[tensor] = self._qdq(tensor, spec)
+        if plan.clamped_by_q:  # the input's Q already clamps: the op becomes an Identity
+            (tensor, spec), output = plan.inputs[0], proto.output[0]
+            self.nodes.append(helper.make_node("Identity", [replace[tensor]], [output],
+                                               name=f"{proto.name}__clamped_by_q"))
+            self.carries[output] = spec
+            return
         for tensor, spec in plan.constants:
             replace[tensor] = self._emit_stored(self.q._constant(tensor, spec))
         weight_store = None
