@@ -32,13 +32,14 @@ from typing import Any
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from mpsearch import __version__
+from mpsearch._io import atomic_write, write_json
 from mpsearch.assignment import model_size
 from mpsearch.data import Dataset
 from mpsearch.distributions import STAT_COLUMNS, NodeDistribution, analyze_distributions
 from mpsearch.errors import QuantizationError
 from mpsearch.evaluate import Evaluator
 from mpsearch.graph import Node
-from mpsearch.pipeline import Prepared, _atomic_write, write_json
+from mpsearch.pipeline import Prepared
 from mpsearch.profiles import HardwareProfile
 from mpsearch.quantize import Quantizer
 from mpsearch.sensitivity import (
@@ -405,7 +406,7 @@ def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]], header: Sequence[s
     writer.writeheader()
     for row in rows:
         writer.writerow({k: _cell(v) for k, v in row.items()})
-    _atomic_write(path, buffer.getvalue().encode())
+    atomic_write(path, buffer.getvalue().encode())
 
 
 def _cell(value: Any) -> Any:

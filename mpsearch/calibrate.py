@@ -16,7 +16,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from mpsearch import kernels
+from mpsearch._io import atomic_write
 from mpsearch.data import Dataset, check_finite, check_signature
 from mpsearch.errors import CalibrationError
 from mpsearch.graph import ModelGraph
@@ -137,12 +137,12 @@ class CalibrationTable:
         hists = (np.stack([self.tensors[n].hist for n in names]) if names
                  else np.zeros((0, self.bins), np.int64))
         hists = hists.astype(np.int64)
-        _atomic(folder / TABLE_NPZ, lambda f: np.savez(f, hists=hists))
+        atomic_write(folder / TABLE_NPZ, lambda f: np.savez(f, hists=hists))
         meta = self.to_dict()
         meta["order"] = names
         meta["hist_digest"] = _digest(hists)
         text = json.dumps(_finite(meta), indent=1)
-        _atomic(folder / TABLE_JSON, lambda f: f.write(text.encode()))
+        atomic_write(folder / TABLE_JSON, text.encode())
 
 
 def _derive(s: TensorStats, method: str, bits: int, symmetric: bool,
@@ -178,17 +178,6 @@ def _finite(value: Any) -> Any:
 
 def _digest(array: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()[:16]
-
-
-def _atomic(path: Path, write: Any) -> None:
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def load_table(directory: str | os.PathLike[str]) -> CalibrationTable:

@@ -16,7 +16,6 @@ from typing import Any
 
 import onnx
 
-from mpsearch._io import atomic_write as _atomic_write  # noqa: F401  (analysis.py, until moved)
 from mpsearch._io import write_json, write_model
 from mpsearch.calibrate import CalibrationTable, calibrate, calibrate_cached
 from mpsearch.data import Dataset, check_signature, load_data

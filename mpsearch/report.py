@@ -17,12 +17,12 @@ import logging
 import math
 import os
 import shlex
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from mpsearch import _report_figures as figs
+from mpsearch._io import atomic_write
 from mpsearch._report_page import CLASS_COLORS, format_color, render_page
 from mpsearch.errors import MpsearchError
 
@@ -268,23 +268,11 @@ def render_report(run_dir: str | os.PathLike[str]) -> str:
     return render_page(files, payload, [e["node"] for e in distributions], get_plotlyjs())
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None
                  ) -> Path:
     """Write the report of ``run_dir`` to ``out`` (default ``RUN_DIR/report.html``)."""
     path = Path(out) if out is not None else Path(run_dir) / "report.html"
     text = render_report(run_dir)
-    _atomic_write(path, text)
+    atomic_write(path, text.encode())
     logger.info("report: wrote %s (%.1f MB)", path, len(text.encode()) / 1e6)
     return path
