@@ -514,20 +514,12 @@ def section(
     ])
 
 
-def write_section(text: str, path: Path = RESULTS) -> None:
-    """Replace (or append) the ``## Quantize`` section, leaving other sections untouched."""
-    old = path.read_text() if path.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(old):
-        new = pattern.sub(lambda _: text + "\n", old, count=1)
-    else:
-        new = old.rstrip("\n") + "\n\n" + text
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=".RESULTS.", suffix=".tmp")
-    with os.fdopen(handle, "w") as f:
-        f.write(new.rstrip("\n") + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+def write_section(text: str) -> None:
+    """Replace (or append) this benchmark's section of RESULTS.md."""
+    sys.path.insert(0, str(BENCH))
+    import _results
 
+    _results.write_section(SECTION, text)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

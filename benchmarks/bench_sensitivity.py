@@ -31,11 +31,9 @@ import importlib.util
 import logging
 import os
 import platform
-import re
 import shlex
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,19 +158,12 @@ def tops(rows: list[Row]) -> str:
                      for r in rows)
 
 
-def write_section(text: str, path: Path = RESULTS) -> None:
-    """Replace (or append) the ``## Sensitivity`` section, leaving other sections untouched."""
-    old = path.read_text() if path.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    section = text.rstrip("\n") + "\n\n"
-    new = pattern.sub(lambda _: section, old) if pattern.search(old) else (
-        old.rstrip("\n") + "\n\n" + section)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=".RESULTS.", suffix=".tmp")
-    with os.fdopen(handle, "w") as f:
-        f.write(new.rstrip("\n") + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+def write_section(text: str) -> None:
+    """Replace (or append) this benchmark's section of RESULTS.md."""
+    sys.path.insert(0, str(BENCH))
+    import _results
 
+    _results.write_section(SECTION, text)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
