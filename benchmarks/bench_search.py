@@ -145,7 +145,7 @@ def model_inputs(names: Sequence[str], real: bool) -> list[tuple[str, Path, Data
         models = _load_module(ROOT / "benchmarks" / "real_models.py")
         paths = models.ensure_real_models()  # type: ignore[attr-defined]
         photos = load_data(paths["photos"]).take(192)
-        out.append(("mobilenetv2_imagenet", paths["mobilenetv2"], photos))
+        out.append(("mobilenetv2_imagenet", paths["mobilenetv2_imagenet"], photos))
     return out
 
 
@@ -190,7 +190,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=int, default=100)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--models", nargs="+", default=["sensitive", "mobilenetv2",
+    parser.add_argument("--models", nargs="*", default=["sensitive", "mobilenetv2",
                                                          "shufflenet", "transformer"])
     parser.add_argument("--real", action="store_true", help="add the ImageNet MobileNetV2")
     parser.add_argument("--reference-trials", type=int, default=300)
