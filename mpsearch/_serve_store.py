@@ -18,7 +18,8 @@ import re
 import secrets
 import shutil
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
@@ -63,6 +64,22 @@ class Upload:
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "kind": self.kind, "name": self.name, "created": self.created,
                 "info": dict(self.info)}
+
+
+@contextmanager
+def _removed_on_failure(folder: Path, shown: str, source: Path | None = None
+                        ) -> Iterator[None]:
+    """Delete an upload's folder if storing or checking it fails (nothing left behind); user
+    errors name the client's file instead of the stored path (quoting ``source``'s line)."""
+    try:
+        yield
+    except MpsearchError as e:
+        error = _renamed(e, folder, shown, source=source)  # reads source before it is deleted
+        shutil.rmtree(folder, ignore_errors=True)
+        raise error from e
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 def new_id() -> str:
@@ -144,16 +161,10 @@ class Store:
         shown = display_name(name, "model.onnx")
         upload_id, folder = self._new_dir("models")
         path = folder / "model.onnx"
-        try:
+        with _removed_on_failure(folder, shown):
             copy_limited(src, path, self.max_upload_bytes)
             summary = summarize(load_model(path)).to_dict()
             write_json(folder / "summary.json", summary)
-        except MpsearchError as e:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise _renamed(e, folder, shown) from e
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
         info = {"params": summary["params"], "flops": summary["flops"],
                 "nodes": len(summary["nodes"]), "graph": summary["model"]}
         return self._commit("models", upload_id, shown, "model.onnx", info)
@@ -170,16 +181,9 @@ class Store:
         shown = display_name(name, "profile.yaml")
         upload_id, folder = self._new_dir("profiles")
         path = folder / "profile.yaml"
-        try:
+        with _removed_on_failure(folder, shown, source=path):
             copy_limited(src, path, min(self.max_upload_bytes, 1 << 20))
             profile = validate_profile_file(path)
-        except MpsearchError as e:
-            error = _renamed(e, folder, shown, source=path)
-            shutil.rmtree(folder, ignore_errors=True)
-            raise error from e
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
         return self._commit("profiles", upload_id, shown, "profile.yaml",
                             {"profile": profile.name, "formats": list(profile.formats)})
 
@@ -193,18 +197,12 @@ class Store:
         is_zip = shown.lower().endswith(".zip")
         raw = folder / ("images.zip" if is_zip else "data.npz")
         target = folder / "data.npz"
-        try:
+        with _removed_on_failure(folder, shown):
             copy_limited(src, raw, self.max_upload_bytes)
             if is_zip:
                 _decode_zip(raw, folder / "images", target, dict(images or {}),
                             self.max_upload_bytes * 4)
             info = _check_data(target, model)
-        except MpsearchError as e:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise _renamed(e, folder, shown) from e
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
         info["model"] = model.id
         if bundled:
             info["bundled"] = shown
