@@ -5,9 +5,9 @@ normalized model, its nodes in topological order with their quantization roles, 
 shapes and the list of normalizations applied. Every later stage reads the model through it.
 
 Normalizations (each reported in ``ModelGraph.changes``):
-  * unnamed or duplicate node names get unique names (``Conv_3``);
-  * tensors held in ``Constant`` nodes (Paddle, TF exports) become initializers;
-  * initializers also listed as graph inputs (IR < 4 exports) are no longer inputs;
+  * the rewrites of :mod:`mpsearch._normalize`: unique node names, ``Constant`` nodes as
+    initializers, no initializers among the inputs, constant subgraphs folded, zero ``Pad``
+    nodes fused into the Convs reading them;
   * opset < 13 is converted to 13 (per-axis Q/DQ needs it);
   * shapes are inferred; symbolic dimensions (a dynamic batch) stay symbolic; declared output
     shapes that contradict inference are dropped.
@@ -30,6 +30,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference, version_converter
 
+from mpsearch import _normalize
 from mpsearch.errors import ModelError
 
 __all__ = ["ModelGraph", "Node", "TensorInfo", "load_model", "QUANTIZABLE_OPS"]
@@ -173,10 +174,12 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> ModelGraph:
     model = _read(path) if path is not None else _copy(source)  # type: ignore[arg-type]
     label = path or "<model>"
     changes: list[str] = []
-    _name_nodes(model, changes)
-    _constants_to_initializers(model, changes)
-    _drop_initializer_inputs(model, changes)
+    _normalize.name_nodes(model, changes)
+    _normalize.constants_to_initializers(model, changes)
+    _normalize.drop_initializer_inputs(model, changes)
     model = _upgrade_opset(model, label, changes)
+    _normalize.fold_constants(model, changes)
+    _normalize.fuse_pads(model, changes)
     model = _infer_shapes(model, label, path, changes)
     return _build(model, path, tuple(changes))
 
@@ -206,59 +209,6 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0][:200] if text else "no detail"
-
-
-def _name_nodes(model: onnx.ModelProto, changes: list[str]) -> None:
-    used: set[str] = set()
-    renamed = 0
-    for index, node in enumerate(model.graph.node):
-        if not node.name or node.name in used:
-            base = f"{node.op_type}_{index}"
-            name, k = base, 1
-            while name in used:
-                name, k = f"{base}_{k}", k + 1
-            node.name = name
-            renamed += 1
-        used.add(node.name)
-    if renamed:
-        changes.append(f"named {renamed} unnamed or duplicate nodes")
-
-
-def _constants_to_initializers(model: onnx.ModelProto, changes: list[str]) -> None:
-    graph = model.graph
-    keep, moved = [], 0
-    for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute):
-            attr = node.attribute[0]
-            if attr.name == "value":
-                tensor = onnx.TensorProto()
-                tensor.CopyFrom(attr.t)
-            elif attr.name in ("value_float", "value_int", "value_floats", "value_ints"):
-                array = np.array(helper.get_attribute_value(attr),
-                                 dtype=np.float32 if "float" in attr.name else np.int64)
-                tensor = numpy_helper.from_array(array)
-            else:
-                keep.append(node)
-                continue
-            tensor.name = node.output[0]
-            graph.initializer.append(tensor)
-            moved += 1
-        else:
-            keep.append(node)
-    if moved:
-        del graph.node[:]
-        graph.node.extend(keep)
-        changes.append(f"moved {moved} Constant nodes into initializers")
-
-
-def _drop_initializer_inputs(model: onnx.ModelProto, changes: list[str]) -> None:
-    names = {t.name for t in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in names]
-    dropped = len(model.graph.input) - len(inputs)
-    if dropped:
-        del model.graph.input[:]
-        model.graph.input.extend(inputs)
-        changes.append(f"removed {dropped} initializers from the graph inputs")
 
 
 def _default_opset(model: onnx.ModelProto) -> int:

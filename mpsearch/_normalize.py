@@ -1,0 +1,244 @@
+"""Graph rewrites applied to every model at load, before shapes are inferred.
+
+Each pass takes the ``ModelProto`` (edited in place) and the list of changes, and appends one
+line saying what it did when it did anything. :func:`mpsearch.graph.load_model` composes them in
+order. Every pass preserves the model's outputs exactly (constant folding runs the ONNX
+reference implementation; fusing a zero Pad into a Conv's own padding is exact arithmetic).
+
+  * :func:`name_nodes`: unnamed or duplicate node names get unique names (``Conv_3``);
+  * :func:`constants_to_initializers`: ``Constant`` nodes (Paddle, TF, PyTorch exports) become
+    initializers, so weights and shape constants are visible as such;
+  * :func:`drop_initializer_inputs`: initializers also listed as graph inputs (IR < 4) are not
+    inputs any more;
+  * :func:`fold_constants`: nodes whose inputs are all initializers (exporters' pad and reshape
+    arithmetic, transposed or cast weights) are computed once and replaced by their results;
+  * :func:`fuse_pads`: a zero ``Pad`` read only by Convs becomes the Convs' own ``pads`` (the
+    "same" padding of TF and EfficientNet exports), so the Conv quantizes without a float Pad
+    between a DequantizeLinear and a QuantizeLinear.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+__all__ = [
+    "constants_to_initializers",
+    "drop_initializer_inputs",
+    "fold_constants",
+    "fuse_pads",
+    "name_nodes",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Ops never folded: their result is not a function of their inputs (random), they are the
+#: quantization of an already-quantized model, or they carry subgraphs.
+_NOT_FOLDED = frozenset({
+    "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
+    "Bernoulli", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "If", "Loop",
+    "Scan", "Constant",
+})
+
+
+def name_nodes(model: onnx.ModelProto, changes: list[str]) -> None:
+    used: set[str] = set()
+    renamed = 0
+    for index, node in enumerate(model.graph.node):
+        if not node.name or node.name in used:
+            base = f"{node.op_type}_{index}"
+            name, k = base, 1
+            while name in used:
+                name, k = f"{base}_{k}", k + 1
+            node.name = name
+            renamed += 1
+        used.add(node.name)
+    if renamed:
+        changes.append(f"named {renamed} unnamed or duplicate nodes")
+
+
+def constants_to_initializers(model: onnx.ModelProto, changes: list[str]) -> None:
+    graph = model.graph
+    keep, moved = [], 0
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute):
+            attr = node.attribute[0]
+            if attr.name == "value":
+                tensor = onnx.TensorProto()
+                tensor.CopyFrom(attr.t)
+            elif attr.name in ("value_float", "value_int", "value_floats", "value_ints"):
+                array = np.array(helper.get_attribute_value(attr),
+                                 dtype=np.float32 if "float" in attr.name else np.int64)
+                tensor = numpy_helper.from_array(array)
+            else:
+                keep.append(node)
+                continue
+            tensor.name = node.output[0]
+            graph.initializer.append(tensor)
+            moved += 1
+        else:
+            keep.append(node)
+    if moved:
+        _replace_nodes(graph, keep)
+        changes.append(f"moved {moved} Constant nodes into initializers")
+
+
+def drop_initializer_inputs(model: onnx.ModelProto, changes: list[str]) -> None:
+    names = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in names]
+    dropped = len(model.graph.input) - len(inputs)
+    if dropped:
+        del model.graph.input[:]
+        model.graph.input.extend(inputs)
+        changes.append(f"removed {dropped} initializers from the graph inputs")
+
+
+def fold_constants(model: onnx.ModelProto, changes: list[str]) -> None:
+    """Replace every default-domain node whose inputs are all initializers by its outputs.
+
+    Nodes are visited in (topological) file order, so chains fold completely. A node the
+    reference implementation cannot run is left in place (logged at debug level).
+    """
+    graph = model.graph
+    opsets = {e.domain or "": int(e.version) for e in model.opset_import}
+    values = {t.name: t for t in graph.initializer}
+    graph_outputs = {o.name for o in graph.output}
+    keep, folded = [], 0
+    for node in graph.node:
+        if not _foldable(node, values, graph_outputs):
+            keep.append(node)
+            continue
+        results = _evaluate(node, values, opsets)
+        if results is None:
+            keep.append(node)
+            continue
+        for name, array in zip(node.output, results, strict=True):
+            values[name] = numpy_helper.from_array(np.asarray(array), name)
+        folded += 1
+    if not folded:
+        return
+    _replace_nodes(graph, keep)
+    read = _names_read(graph)
+    live = [t for name, t in values.items() if name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(live)
+    changes.append(f"folded {folded} nodes computed only from constants into initializers")
+
+
+def fuse_pads(model: onnx.ModelProto, changes: list[str]) -> None:
+    """Fold each constant zero ``Pad`` whose only readers are Convs into the Convs' ``pads``."""
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    graph_outputs = {o.name for o in graph.output}
+    removed: set[int] = set()
+    for node in graph.node:
+        pads = _spatial_zero_pads(node, initializers)
+        if pads is None or node.output[0] in graph_outputs:
+            continue
+        convs = readers.get(node.output[0], [])
+        if not convs or not all(_accepts_pads(conv, node.output[0], len(pads)) for conv in convs):
+            continue
+        for conv in convs:
+            _add_conv_pads(conv, pads)
+            conv.input[0] = node.input[0]
+        removed.add(id(node))
+    if not removed:
+        return
+    _replace_nodes(graph, [n for n in graph.node if id(n) not in removed])
+    read = _names_read(graph) | graph_outputs
+    live = [t for t in graph.initializer if t.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(live)
+    changes.append(f"fused {len(removed)} zero Pad nodes into the padding of the Convs reading "
+                   "them")
+
+
+def _foldable(node: onnx.NodeProto, values: dict[str, onnx.TensorProto],
+              graph_outputs: set[str]) -> bool:
+    inputs = [name for name in node.input if name]
+    return (node.domain in ("", "ai.onnx") and node.op_type not in _NOT_FOLDED
+            and bool(inputs) and all(name in values for name in inputs)
+            and not any(name in graph_outputs for name in node.output))
+
+
+def _evaluate(node: onnx.NodeProto, values: dict[str, onnx.TensorProto],
+              opsets: dict[str, int]) -> list[np.ndarray] | None:
+    inputs = {name: numpy_helper.to_array(values[name]) for name in node.input if name}
+    try:
+        return list(ReferenceEvaluator(node, opsets=opsets).run(None, inputs))
+    except Exception as e:  # an op the reference implementation lacks stays in the graph
+        logger.debug("not folding %s (%s): %s", node.name, node.op_type, e)
+        return None
+
+
+def _spatial_zero_pads(node: onnx.NodeProto,
+                       initializers: dict[str, onnx.TensorProto]) -> list[int] | None:
+    """The Pad's pads on dims 2.. as ``[begins..., ends...]``, or None when it cannot fuse."""
+    if node.op_type != "Pad" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if attrs.get("mode", b"constant") != b"constant" or node.input[1] not in initializers:
+        return None
+    if len(node.input) > 3 and node.input[3]:  # explicit axes (opset 18): leave alone
+        return None
+    if len(node.input) > 2 and node.input[2]:
+        value = initializers.get(node.input[2])
+        if value is None or np.any(numpy_helper.to_array(value) != 0):
+            return None
+    pads = [int(p) for p in numpy_helper.to_array(initializers[node.input[1]]).ravel()]
+    rank = len(pads) // 2
+    begins, ends = pads[:rank], pads[rank:]
+    if rank < 3 or any(p < 0 for p in pads) or any(begins[:2]) or any(ends[:2]):
+        return None
+    return begins[2:] + ends[2:]
+
+
+def _accepts_pads(node: onnx.NodeProto, tensor: str, n_pads: int) -> bool:
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or node.input[0] != tensor:
+        return False
+    if tensor in node.input[1:]:
+        return False
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if attrs.get("auto_pad", b"NOTSET") != b"NOTSET":
+        return False
+    return len(attrs.get("pads", [0] * n_pads)) == n_pads
+
+
+def _add_conv_pads(node: onnx.NodeProto, pads: list[int]) -> None:
+    old = next((a for a in node.attribute if a.name == "pads"), None)
+    current = list(old.ints) if old is not None else [0] * len(pads)
+    if old is not None:
+        node.attribute.remove(old)
+    node.attribute.append(helper.make_attribute("pads", [a + b for a, b in zip(
+        current, pads, strict=True)]))
+
+
+def _replace_nodes(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _names_read(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name read by a node of ``graph`` or of its subgraphs, and its outputs."""
+    return {name for node in _all_nodes(graph) for name in node.input} | {
+        o.name for o in graph.output}
+
+
+def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _all_nodes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _all_nodes(sub)
