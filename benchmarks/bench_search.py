@@ -78,16 +78,23 @@ def run_optuna(prepared: Prepared, evaluator: Evaluator, method: str, budget: in
                tmp: Path) -> Run:
     sampler, seeding = {"ours": ("auto", True), "random": ("random", False),
                         "tpe": ("tpe", False), "nsga2": ("nsga2", False)}[method]
-    trials = budget
-    if seeding:  # our sensitivity measurements come out of the same budget
-        groups = group_nodes(prepared.graph, prepared.profile)
-        trials = budget - sum(len(g.formats) - 1 for g in groups)
-    spec = _spec(prepared, max(trials, 1), sampler, seed, seeding, tmp / f"{method}{seed}.log")
+    storage = tmp / f"{method}{seed}.log"
     start = time.perf_counter()
-    result = run_search(prepared, spec, evaluator=evaluator, run_dir=tmp)
+    spec = _spec(prepared, budget, sampler, seed, seeding, storage)
+    if not seeding:
+        result = run_search(prepared, spec, evaluator=evaluator, run_dir=tmp)
+        evaluations, timing = result.evaluations, dict(result.timing)
+    else:  # the sensitivity measurements come out of the same budget: take them (and one
+        # trial) first, then resume the study with the trials that are left
+        first = run_search(prepared, dataclasses.replace(spec, trials=1), evaluator=evaluator,
+                           run_dir=tmp)
+        left = budget - (first.evaluations - 1)
+        result = run_search(prepared, dataclasses.replace(spec, trials=max(left, 1)),
+                            evaluator=evaluator, run_dir=tmp, resume=True)
+        evaluations = first.evaluations + result.evaluations
+        timing = {k: first.timing.get(k, 0.0) + v for k, v in result.timing.items()}
     points = [(r.metric, float(r.size)) for r in result.trials if r.metric is not None]
-    return Run(method, seed, points, result.evaluations, time.perf_counter() - start,
-               dict(result.timing))
+    return Run(method, seed, points, evaluations, time.perf_counter() - start, timing)
 
 
 def run_greedy(prepared: Prepared, evaluator: Evaluator, budget: int) -> Run:

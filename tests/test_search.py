@@ -23,6 +23,7 @@ from mpsearch.cli import main
 from mpsearch.graph import load_model
 from mpsearch.profiles import load_profile
 from mpsearch.runs import export_point, search
+from mpsearch.search import MEASURE_ABOVE
 from mpsearch.spec import load_spec
 
 ROOT = Path(__file__).parent.parent
@@ -118,6 +119,25 @@ def test_export_matches_the_front(finished_run: Path, tmp_path: Path) -> None:
     assert result.path.is_file()
     assert result.evaluation.value == pytest.approx(front["points"][k]["metric"], abs=1e-9)
     assert result.size == front["points"][k]["size"]
+
+
+def test_int16_is_measured_only_where_int8_costs_something(finished_run: Path) -> None:
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(finished_run / "study.journal")))
+    costs = {(g, f): c for g, f, c in optuna.load_study(
+        study_name="mpsearch", storage=storage).user_attrs["group_costs"]}
+    graph = load_model(FIXTURES / "shufflenet.onnx")
+    groups = group_nodes(graph, load_profile("x86_ort"))
+    assert set(costs) == {(g.name, f) for g in groups for f in g.formats}
+    int8 = {g.name: costs[(g.name, "int8")] for g in groups}
+    floor = MEASURE_ABOVE * max(int8.values())
+    assert all(costs[(g.name, "fp32")] == 0.0 for g in groups)
+    estimated = [g for g in groups if int8[g.name] < floor]
+    assert estimated and len(estimated) < len(groups)
+    for group in estimated:  # not measured: scaled by 4 ** -(bits gained by the coarsest grid)
+        weighted = any(graph.nodes[n].weights for n in group.nodes)  # A16W8: weights stay 8-bit
+        ratio = 1.0 if weighted else 4.0 ** -8
+        assert costs[(group.name, "int16")] == int8[group.name] * ratio
 
 
 def test_study_is_a_real_journal(finished_run: Path) -> None:
