@@ -41,15 +41,21 @@ _RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uin
 _MS_DOMAIN = "com.microsoft"
 
 
+#: Headroom over the int32 bias range when raising a weight scale (ONNX Runtime uses 1.0001).
+_BIAS_MARGIN = 1.0001
+
+
 def qparams(
     lo: np.ndarray | float, hi: np.ndarray | float, dtype: str, *, symmetric: bool,
     scale_form: str = "float", narrow_range: bool = False, reduce_range: bool = False,
+    min_scale: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Scale (float32) and zero point (``dtype``) mapping [lo, hi] onto the integer grid.
 
     The range is widened to contain 0 (ONNX Runtime's rule). Symmetric signed grids put zero at
     0 and use [-qmax, qmax]; symmetric unsigned grids put it at the midpoint. ``reduce_range``
-    drops one bit (int8 in [-64, 63]).
+    drops one bit (int8 in [-64, 63]). ``min_scale`` raises the scale where it is smaller (a
+    weight whose int32 bias would not fit otherwise).
     """
     qmin, qmax = _RANGE[dtype]
     if reduce_range:
@@ -70,6 +76,8 @@ def qparams(
         scale = (hi - lo) / (qmax - qmin)
         zero = None
     scale = np.where(scale > 0, scale, 1.0)
+    if min_scale is not None:
+        scale = np.maximum(scale, min_scale)
     if scale_form == "pow2":
         scale = np.exp2(np.ceil(np.log2(scale)))
     if zero is None:
@@ -110,7 +118,7 @@ class Quantizer:
         self.table = table
         self.profile = profile
         self.method = method
-        self._weights: dict[tuple[str, TensorFormat], _Stored] = {}
+        self._weights: dict[tuple[object, ...], _Stored] = {}
         self._constants: dict[tuple[str, ActivationSpec], _Stored] = {}
         self._ranges: dict[tuple[str, int, bool], tuple[float, float]] = {}
         self._ms_16bit = graph.opset < 21
@@ -134,8 +142,11 @@ class Quantizer:
         return _MS_DOMAIN if self._ms_16bit and "16" in dtype else ""
 
     # -- stored tensors -------------------------------------------------------------------
-    def _weight(self, node: Node, weight: str, fmt: TensorFormat) -> _Stored:
-        key = (weight, fmt)
+    def _weight(self, node: Node, weight: str, fmt: TensorFormat,
+                min_scale: np.ndarray | None = None) -> _Stored:
+        key: tuple[object, ...] = (weight, fmt)
+        if min_scale is not None:  # this node's own copy, scaled so its bias fits int32
+            key = (weight, fmt, node.name, min_scale.tobytes())
         if key in self._weights:
             return self._weights[key]
         array = self.graph.initializers[weight]
@@ -150,12 +161,14 @@ class Quantizer:
                 lo, hi = moved.min(axis=1), moved.max(axis=1)
             scale, zero = qparams(lo, hi, fmt.dtype, symmetric=fmt.symmetric,
                                   scale_form=fmt.scale, narrow_range=fmt.narrow_range,
-                                  reduce_range=fmt.reduce_range)
+                                  reduce_range=fmt.reduce_range, min_scale=min_scale)
             if axis is None:
                 scale, zero = scale.reshape(()), zero.reshape(())
             codes = _quantize_array(array, scale, zero, fmt.dtype, axis)
-            stored = self._dequantized(f"{weight}__{fmt.dtype}{'c' if axis is not None else ''}",
-                                       codes, scale, zero, axis, fmt.dtype)
+            name = f"{weight}__{fmt.dtype}{'c' if axis is not None else ''}"
+            if min_scale is not None:
+                name = f"{name}__{node.name}"
+            stored = self._dequantized(name, codes, scale, zero, axis, fmt.dtype)
         self._weights[key] = stored
         return stored
 
@@ -172,6 +185,23 @@ class Quantizer:
                 self._constants[key] = self._dequantized(
                     f"{tensor}__{spec.dtype}k", codes, scale, zero, None, spec.dtype)
         return self._constants[key]
+
+    def _weight_for_bias(self, node: Node, weight: str, fmt: TensorFormat, bias: str,
+                         input_scale: float) -> _Stored:
+        """The weight, its scale raised where input x weight scale would be too small for the
+        int32 bias (|bias| / scale > 2**31 - 1 would clip it), as ONNX Runtime and TFLite do:
+        the rounding of that channel's (tiny) weights coarsens instead of the bias saturating."""
+        stored = self._weight(node, weight, fmt)
+        if fmt.is_float:
+            return stored
+        need = np.abs(self.graph.initializers[bias].astype(np.float64)).reshape(-1)
+        need = _BIAS_MARGIN * need / (input_scale * float(np.iinfo(np.int32).max))
+        if stored.scale.ndim == 0 or need.size != stored.scale.size:
+            need = np.asarray(need.max(initial=0.0))
+        floor = need.reshape(stored.scale.shape)
+        if not np.any(stored.scale.astype(np.float64) < floor):
+            return stored
+        return self._weight(node, weight, fmt, min_scale=np.maximum(stored.scale, floor))
 
     def _bias(self, node: Node, bias: str, input_scale: float, weight: _Stored) -> _Stored:
         array = self.graph.initializers[bias].astype(np.float64)
@@ -290,11 +320,15 @@ class _Build:
         for tensor, spec in plan.constants:
             replace[tensor] = self._emit_stored(self.q._constant(tensor, spec))
         weight_store = None
+        with_bias = plan.bias is not None and bool(plan.inputs)
+        scale = self.q.activation_qparams(*plan.inputs[0])[0] if with_bias else 0.0
         for weight, fmt in plan.weights:
-            weight_store = self.q._weight(plan.node, weight, fmt)
+            if with_bias and plan.bias is not None:
+                weight_store = self.q._weight_for_bias(plan.node, weight, fmt, plan.bias, scale)
+            else:
+                weight_store = self.q._weight(plan.node, weight, fmt)
             replace[weight] = self._emit_stored(weight_store)
-        if plan.bias is not None and weight_store is not None and plan.inputs:
-            scale, _ = self.q.activation_qparams(*plan.inputs[0])
+        if plan.bias is not None and weight_store is not None and with_bias:
             replace[plan.bias] = self._emit_stored(
                 self.q._bias(plan.node, plan.bias, scale, weight_store))
         raw = {t: f"{t}__raw" for t, _ in plan.outputs}

@@ -103,6 +103,34 @@ def test_fused_integer_kernels_match_within_one_step(gemm: str) -> None:
     np.testing.assert_allclose(fused, expected, rtol=0, atol=1.01 * step)
 
 
+@pytest.mark.parametrize("fmt", ["int8", "int16"])
+def test_bias_too_large_for_its_int32_scale_raises_the_weight_scale(fmt: str) -> None:
+    """A channel with near-zero weights and a large bias (dead channels after BN folding):
+    input x weight scale is so small that the bias would saturate int32; the weight scale is
+    raised instead (ONNX Runtime's rule), so the channel still outputs its bias."""
+    rng = np.random.default_rng(2)
+    weight = rng.standard_normal((3, 8)).astype(np.float32)
+    weight[1] *= 1e-7
+    bias = np.array([0.5, 5.0, -0.25], np.float32)
+    graph = load_model(helper.make_model(helper.make_graph(
+        [helper.make_node("Gemm", ["x", "W", "B"], ["y"], transB=1, name="gemm")], "dead",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "B")]),
+        opset_imports=[helper.make_opsetid("", 17)]))
+    x = rng.standard_normal((64, 8)).astype(np.float32)
+    table = calibrate(graph, Dataset(inputs={"x": x}, labels=None, source="random"))
+    profile = load_profile("x86_ort")
+    model = build_qdq(graph, table, profile, make_assignment(graph, profile, {"gemm": fmt}))
+    codes = next(numpy_helper.to_array(t) for t in model.graph.initializer
+                 if t.name.startswith("B__") and t.name.endswith("_q"))
+    assert np.abs(codes.astype(np.int64)).max() < np.iinfo(np.int32).max  # nothing saturated
+    y = create_session(model, optimize=False).run({"x": x})["y"]
+    lo, hi = table.range("y", bits=16 if fmt == "int16" else 8, symmetric=False)
+    step = (hi - lo) / (65535 if fmt == "int16" else 255)
+    np.testing.assert_allclose(y[:, 1], x @ weight[1] + bias[1], rtol=0, atol=step)
+
+
 @pytest.fixture(scope="module")
 def digits() -> Dataset:
     return load_data(FIXTURES / "digits_eval.npz")
