@@ -18,7 +18,8 @@ from mpsearch.assignment import model_size
 from mpsearch.graph import ModelGraph
 from mpsearch.profiles import HardwareProfile
 
-__all__ = ["Group", "Seed", "group_nodes", "knapsack", "neighbor", "seed_assignments"]
+__all__ = ["Group", "Seed", "compress", "group_nodes", "knapsack", "neighbor",
+           "seed_assignments"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,4 +181,24 @@ def neighbor(
     group = pool[int(rng.choice(len(pool), p=chances))]
     moved = dict(levels)
     moved[group.name] += 1 if promote else -1
+    return moved
+
+
+def compress(
+    groups: Sequence[Group], levels: Mapping[str, int], cost: Mapping[tuple[str, str], float],
+    rng: np.random.Generator,
+) -> dict[str, int]:
+    """Many steps down at once from a front point: every group whose cost one format lower is
+    at most a random quantile of those costs moves down a format. A point that bought its
+    metric with a few expensive promotions keeps them and sheds the cheap ones; single
+    :func:`neighbor` steps would need one trial per group to get there."""
+    down = {g.name: cost.get((g.name, g.formats[levels[g.name] - 1]), 0.0)
+            for g in groups if levels[g.name] > 0}
+    moved = dict(levels)
+    if not down:
+        return moved
+    threshold = float(np.quantile(list(down.values()), rng.uniform(0.2, 1.0)))
+    for name, below in down.items():
+        if below <= threshold:
+            moved[name] -= 1
     return moved

@@ -30,7 +30,7 @@ import optuna
 from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
-from mpsearch._search_seeds import Group, Seed, group_nodes, neighbor, seed_assignments
+from mpsearch._search_seeds import Group, Seed, compress, group_nodes, neighbor, seed_assignments
 from mpsearch.assignment import Assignment, estimate_latency, make_assignment, model_size
 from mpsearch.errors import SearchError
 from mpsearch.evaluate import Evaluator
@@ -372,8 +372,9 @@ def _explore_callback(
     objective: _Objective, spec: SearchSpec
 ) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     """After a trial, with probability ``spec.explore``, queue an unseen neighbour of a random
-    front point (one group a format up or down, guided by the sensitivities): a local search
-    around the front that the sampler alone reaches slowly."""
+    front point: one group a format up or down, or (half the time) every cheap group a format
+    down (:func:`compress`), guided by the sensitivities. A local search around the front that
+    the sampler alone reaches slowly."""
     rng = np.random.default_rng(spec.seed)
     groups = objective.groups
 
@@ -384,8 +385,9 @@ def _explore_callback(
             return
         for _ in range(10):
             start = front[int(rng.integers(len(front)))].params
-            levels = neighbor(groups, {g.name: int(start[g.name]) for g in groups},
-                              objective.noise, rng)
+            move = compress if rng.random() < 0.5 else neighbor
+            levels = move(groups, {g.name: int(start[g.name]) for g in groups},
+                          objective.noise, rng)
             formats = objective.assignment(levels)
             key = make_assignment(objective.prepared.graph, objective.prepared.profile,
                                   formats).key()

@@ -18,7 +18,7 @@ import numpy as np
 import optuna
 import pytest
 
-from mpsearch._search_seeds import Group, group_nodes, knapsack
+from mpsearch._search_seeds import Group, compress, group_nodes, knapsack
 from mpsearch.cli import main
 from mpsearch.graph import load_model
 from mpsearch.profiles import load_profile
@@ -66,6 +66,24 @@ def test_knapsack_matches_brute_force() -> None:
     assert found is not None
     assert sum(extra[(g, f)] for g, f in found.items()) <= capacity
     assert sum(cost[(g, f)] for g, f in found.items()) == pytest.approx(best[0], rel=1e-6)
+
+
+def test_compress_sheds_the_cheapest_promotions_first() -> None:
+    groups = [Group(name=f"g{i}", nodes=(f"g{i}",), formats=("int8", "int16", "fp32"))
+              for i in range(8)]
+    levels = {g.name: i % 3 for i, g in enumerate(groups)}
+    cost = {(g.name, f): c for i, g in enumerate(groups)
+            for f, c in zip(g.formats, (0.1 * (i + 1), 0.01 * (i + 1), 0.0), strict=True)}
+    for seed in range(20):
+        moved = compress(groups, levels, cost, np.random.default_rng(seed))
+        down = {n for n in levels if moved[n] != levels[n]}
+        assert down and all(moved[n] == levels[n] - 1 for n in down)
+        assert all(moved[n] >= 0 for n in moved)
+        below = {g.name: cost[(g.name, g.formats[levels[g.name] - 1])]
+                 for g in groups if levels[g.name] > 0}
+        # the demoted groups are exactly those at most as costly one format down as a threshold
+        assert max(below[n] for n in down) < min(
+            (below[n] for n in below if n not in down), default=np.inf)
 
 
 def test_groups_cover_quantizable_nodes_once() -> None:
