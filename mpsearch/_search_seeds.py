@@ -135,9 +135,9 @@ def seed_assignments(
     small = model_size(graph, profile, _expand(groups, lowest))
     large = model_size(graph, profile, _expand(groups, {g.name: g.formats[-1] for g in groups}))
     for fraction in np.linspace(0.0, 0.5, budgets + 1)[1:]:
-        choice = knapsack(groups, cost, extra, fraction * (large - small))
-        if choice is not None:
-            seeds.append(Seed(source=f"knapsack {fraction:.0%}", formats=choice))
+        solved = knapsack(groups, cost, extra, fraction * (large - small))
+        if solved is not None:
+            seeds.append(Seed(source=f"knapsack {fraction:.0%}", formats=solved))
     unique: dict[tuple[tuple[str, str], ...], Seed] = {}
     for seed in seeds:
         unique.setdefault(tuple(sorted(seed.formats.items())), seed)

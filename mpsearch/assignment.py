@@ -180,9 +180,10 @@ def _clamped_by_q(
     (_, spec_in), (_, spec_out) = inputs[0], outputs[0]
     if spec_in != spec_out or spec_in.symmetric:
         return False
-    bounds = [graph.initializers.get(t) for t in node.inputs[1:3] if t]
-    if any(b is None or b.size != 1 for b in bounds):
+    names = [t for t in node.inputs[1:3] if t]
+    if any(t not in graph.initializers or graph.initializers[t].size != 1 for t in names):
         return False  # bounds computed at run time
+    bounds = [graph.initializers[t] for t in names]
     low = float(bounds[0]) if len(bounds) > 0 and node.inputs[1] else -np.inf
     high = float(bounds[-1]) if len(node.inputs) > 2 and node.inputs[2] else np.inf
     return low <= 0.0 <= high

@@ -341,7 +341,7 @@ def calibrate(
     kernels.set_threads(threads)
     collectors = {t: _Collector(bins) for t in tensors}
     start = time.perf_counter()
-    from tqdm import tqdm  # type: ignore[import-untyped]  # progress bar only
+    from tqdm import tqdm  # progress bar only
 
     with tqdm(total=len(data), unit="sample", desc="calibrate", disable=not progress,
               leave=False) as bar:

@@ -45,7 +45,8 @@ class Metric:
 
 
 def _top1(outputs: np.ndarray) -> np.ndarray:
-    return outputs.reshape(len(outputs), -1).argmax(axis=1)
+    top: np.ndarray = outputs.reshape(len(outputs), -1).argmax(axis=1)
+    return top
 
 
 def _accuracy(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> float:

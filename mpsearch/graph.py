@@ -134,7 +134,7 @@ class ModelGraph:
     changes: tuple[str, ...]
     fingerprint: str
     subgraph_nodes: tuple[Node, ...] = ()
-    digraph: nx.DiGraph = field(repr=False, compare=False, default_factory=nx.DiGraph)
+    digraph: nx.DiGraph[str] = field(repr=False, compare=False, default_factory=nx.DiGraph)
     producers: Mapping[str, str] = field(repr=False, compare=False, default_factory=dict)
     consumer_map: Mapping[str, tuple[str, ...]] = field(
         repr=False, compare=False, default_factory=dict
@@ -336,8 +336,8 @@ def _tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
     return TensorInfo(name=value.name, shape=_shape_of(value), dtype=np.dtype(dtype))
 
 
-def _topology(graph: onnx.GraphProto) -> tuple[nx.DiGraph, tuple[str, ...]]:
-    digraph = nx.DiGraph()
+def _topology(graph: onnx.GraphProto) -> tuple[nx.DiGraph[str], tuple[str, ...]]:
+    digraph: nx.DiGraph[str] = nx.DiGraph()
     producers: dict[str, str] = {}
     for index, node in enumerate(graph.node):
         digraph.add_node(node.name, proto=node, index=index)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -94,7 +94,8 @@ def _quantize_array(
         scale, zero = scale.reshape(shape), zero.reshape(shape)
     qmin, qmax = _RANGE[dtype]
     codes = np.round(array / scale) + zero.astype(np.float64)
-    return np.clip(codes, qmin, qmax).astype(_NP[dtype])
+    clipped: np.ndarray = np.clip(codes, qmin, qmax).astype(_NP[dtype])
+    return clipped
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +220,7 @@ class Quantizer:
         inits = (numpy_helper.from_array(codes, f"{name}_q"),
                  numpy_helper.from_array(np.asarray(scale, np.float32), f"{name}_scale"),
                  numpy_helper.from_array(np.asarray(zero), f"{name}_zero"))
-        attrs = {"axis": axis} if axis is not None else {}
+        attrs: dict[str, Any] = {"axis": axis} if axis is not None else {}
         node = helper.make_node("DequantizeLinear", [i.name for i in inits], [f"{name}_dq"],
                                 name=f"{name}_DQ", domain=self._domain(dtype), **attrs)
         return _Stored(f"{name}_dq", inits, node, np.asarray(scale, np.float32))

@@ -196,8 +196,9 @@ def export_point(run_dir: str | Path, point: int, out: str | Path) -> ExportResu
     run = Path(run_dir)
     try:
         front = json.loads((run / "front.json").read_text())
-        spec = SearchSpec(**{k: tuple(v) if isinstance(v, list) else v
-                             for k, v in json.loads((run / "spec.json").read_text()).items()})
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in json.loads((run / "spec.json").read_text()).items()}
+        spec = SearchSpec(**fields)
     except (OSError, json.JSONDecodeError, TypeError) as e:
         raise SearchError(f"{run}: not a finished search run ({e}); run `mpsearch search` "
                           "first") from e

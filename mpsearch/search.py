@@ -116,7 +116,8 @@ def open_study(
                           "or choose another --out directory")
     sampler = make_sampler(spec.sampler, spec.seed, spec.trials)
     return optuna.create_study(study_name=name, storage=storage, sampler=sampler,
-                               directions=list(directions), load_if_exists=True)
+                               directions=[optuna.study.StudyDirection[d.upper()]
+                                           for d in directions], load_if_exists=True)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,7 +185,7 @@ class _Objective:
                 below, fmt = group.formats[level - 1], group.formats[level]
                 cost = costs[(group.name, below)]
                 if cost >= floor and cost > 0.0:
-                    bar.total += 1
+                    bar.total = (bar.total or 0) + 1
                     costs[(group.name, fmt)] = self._group_cost(group, fmt)
                     bar.update()
                 else:
@@ -457,13 +458,14 @@ def _front(records: Sequence[TrialRecord], min_metric: float | None, higher: boo
     sign = 1.0 if higher else -1.0
     done = [r for r in records if r.metric is not None]
     if min_metric is not None:
-        done = [r for r in done if sign * r.metric >= sign * min_metric]
+        done = [r for r in done if sign * (r.metric or 0.0) >= sign * min_metric]
 
     def dominates(a: TrialRecord, b: TrialRecord) -> bool:
         la = a.latency if a.latency is not None else 0.0
         lb = b.latency if b.latency is not None else 0.0
-        no_worse = sign * a.metric >= sign * b.metric and a.size <= b.size and la <= lb
-        better = sign * a.metric > sign * b.metric or a.size < b.size or la < lb
+        ma, mb = sign * (a.metric or 0.0), sign * (b.metric or 0.0)  # None filtered out above
+        no_worse = ma >= mb and a.size <= b.size and la <= lb
+        better = ma > mb or a.size < b.size or la < lb
         return no_worse and better
 
     unique: dict[tuple[float | None, int, float | None], TrialRecord] = {}

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-from tqdm import tqdm  # type: ignore[import-untyped]
+from tqdm import tqdm
 
 from mpsearch import kernels
 from mpsearch.calibrate import CalibrationTable

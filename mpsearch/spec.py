@@ -73,7 +73,7 @@ class SearchSpec:
 
 
 def _path(section: Section, key: str, base: Path) -> str:
-    value = section.get_str(key)
+    value: str = section.get_str(key)
     if ":" in value and not os.path.exists(value) and not value.endswith((".onnx", ".npz")):
         return value  # a `module:function` data reader
     path = Path(value)
