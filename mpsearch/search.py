@@ -373,9 +373,11 @@ def _explore_callback(
     objective: _Objective, spec: SearchSpec
 ) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     """After a trial, with probability ``spec.explore``, queue an unseen neighbour of a random
-    front point: one group a format up or down, or (half the time) every cheap group a format
-    down (:func:`compress`), guided by the sensitivities. A local search around the front that
-    the sampler alone reaches slowly."""
+    front point, guided by the sensitivities: every cheap group a format down
+    (:func:`compress`) with a probability that grows from 0 at the front's smallest point to 1
+    at its largest, else one group a format up or down (:func:`neighbor`). A local search
+    around the front that the sampler alone reaches slowly: large points shed the promotions
+    they do not need, small ones take single steps."""
     rng = np.random.default_rng(spec.seed)
     groups = objective.groups
 
@@ -384,10 +386,13 @@ def _explore_callback(
         front = study.best_trials
         if waiting or not front or rng.random() >= spec.explore:
             return
+        sizes = [t.values[1] for t in front]
+        span = max(sizes) - min(sizes)
         for _ in range(10):
-            start = front[int(rng.integers(len(front)))].params
-            move = compress if rng.random() < 0.5 else neighbor
-            levels = move(groups, {g.name: int(start[g.name]) for g in groups},
+            point = front[int(rng.integers(len(front)))]
+            large = (point.values[1] - min(sizes)) / span if span > 0 else 0.0
+            move = compress if rng.random() < large else neighbor
+            levels = move(groups, {g.name: int(point.params[g.name]) for g in groups},
                           objective.noise, rng)
             formats = objective.assignment(levels)
             key = make_assignment(objective.prepared.graph, objective.prepared.profile,
