@@ -1,25 +1,33 @@
 """The search space (groups of nodes) and the seed configurations enqueued before the sampler.
 
-Consumes the graph, the profile and an additive sensitivity model (group, format) -> cost;
-produces :class:`Group` dimensions and :class:`Seed` assignments: every uniform format, the
-greedy path "promote the k most sensitive groups" for k = 1, 2, 4, ..., and the solutions of a
-multiple-choice knapsack (least total sensitivity under a size budget) for several budgets.
-Pure: no Optuna here.
+Consumes the graph, the profile and an additive sensitivity model (group, format) -> cost,
+which :func:`group_costs` measures through a callback; produces :class:`Group` dimensions,
+:class:`Seed` assignments (every uniform format, the greedy path "promote the k most sensitive
+groups" for k = 1, 2, 4, ..., and the solutions of a multiple-choice knapsack, least total
+sensitivity under a size budget, for several budgets) and the moves that explore around the
+front (:func:`neighbor`, :func:`compress`). Pure: no Optuna here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from mpsearch.assignment import model_size
 from mpsearch.graph import ModelGraph
-from mpsearch.profiles import HardwareProfile
+from mpsearch.profiles import Format, HardwareProfile
 
-__all__ = ["Group", "Seed", "compress", "group_nodes", "knapsack", "neighbor",
-           "seed_assignments"]
+__all__ = ["MEASURE_ABOVE", "Group", "Seed", "compress", "group_costs", "group_nodes",
+           "knapsack", "neighbor", "seed_assignments"]
+
+#: A group's next format up is measured only when the format below costs at least this fraction
+#: of the largest lowest-format cost (see :func:`group_costs`).
+MEASURE_ABOVE = 0.1
+
+#: Significand bits of the float formats, to compare their rounding noise with integer grids.
+_FLOAT_BITS = {"float16": 11, "float32": 24}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +71,56 @@ def group_nodes(
         formats_of[node.name] = allowed
         group_of[node.name] = node.name
     return tuple(Group(name=n, nodes=tuple(m), formats=formats_of[n]) for n, m in members.items())
+
+
+def group_costs(
+    graph: ModelGraph, profile: HardwareProfile, groups: Sequence[Group],
+    measure: Callable[[Group, str], float], progress: bool = False,
+) -> dict[tuple[str, str], float]:
+    """The additive sensitivity model (group, format) -> cost, ``measure``-ing as few as needed.
+
+    Every group is measured at its lowest format; the highest (float) format costs 0. A format
+    in between is measured only where the format below it costs at least ``MEASURE_ABOVE`` of
+    the largest lowest-format cost; elsewhere its cost is the one below scaled by their ratio of
+    quantization noise power (:func:`noise_ratio`): a group that barely notices INT8 barely
+    notices INT16, and not measuring it leaves that evaluation to the search.
+    """
+    from tqdm.auto import tqdm
+
+    costs: dict[tuple[str, str], float] = {(g.name, g.formats[-1]): 0.0 for g in groups}
+    lowest = [(g, g.formats[0]) for g in groups if len(g.formats) > 1]
+    bar = tqdm(total=len(lowest), desc="sensitivity", unit="cfg", disable=not progress)
+    for group, fmt in lowest:
+        costs[(group.name, fmt)] = measure(group, fmt)
+        bar.update()
+    floor = MEASURE_ABOVE * max((costs[(g.name, f)] for g, f in lowest), default=0.0)
+    for level in range(1, max((len(g.formats) for g in groups), default=0) - 1):
+        for group in (g for g in groups if level < len(g.formats) - 1):
+            below, fmt = group.formats[level - 1], group.formats[level]
+            cost = costs[(group.name, below)]
+            if cost >= floor and cost > 0.0:
+                bar.total = (bar.total or 0) + 1
+                costs[(group.name, fmt)] = measure(group, fmt)
+                bar.update()
+            else:
+                costs[(group.name, fmt)] = cost * noise_ratio(graph, profile, group, below, fmt)
+    bar.close()
+    return costs
+
+
+def noise_ratio(graph: ModelGraph, profile: HardwareProfile, group: Group, low: str,
+                high: str) -> float:
+    """Quantization noise power of ``high`` relative to ``low``: 4 ** -(extra bits) of the
+    coarsest grid (so A16W8 over A8W8 counts as no gain for a node with weights)."""
+    weighted = any(graph.nodes[n].weights for n in group.nodes)
+    bits = [_precision_bits(profile.format(f), weighted) for f in (low, high)]
+    return 4.0 ** -(bits[1] - bits[0])
+
+
+def _precision_bits(fmt: Format, weighted: bool) -> int:
+    """Bits of the coarsest grid a node sees: activations, and weights if it has any."""
+    grids = (fmt.activation, fmt.weight) if weighted else (fmt.activation,)
+    return min(_FLOAT_BITS.get(t.dtype, t.bits - t.reduce_range) for t in grids)
 
 
 def _expand(groups: Sequence[Group], choice: Mapping[str, str]) -> dict[str, str]:

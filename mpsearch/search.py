@@ -30,12 +30,19 @@ import optuna
 from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
-from mpsearch._search_seeds import Group, Seed, compress, group_nodes, neighbor, seed_assignments
+from mpsearch._search_seeds import (
+    Group,
+    Seed,
+    compress,
+    group_costs,
+    group_nodes,
+    neighbor,
+    seed_assignments,
+)
 from mpsearch.assignment import Assignment, estimate_latency, make_assignment, model_size
 from mpsearch.errors import SearchError
 from mpsearch.evaluate import Evaluator
 from mpsearch.pipeline import Prepared
-from mpsearch.profiles import Format
 from mpsearch.quantize import Quantizer
 from mpsearch.runtime import create_session
 from mpsearch.spec import SearchSpec
@@ -46,20 +53,6 @@ __all__ = ["SAMPLERS", "SearchResult", "TrialRecord", "make_sampler", "open_stud
 logger = logging.getLogger(__name__)
 _WORKER = f"{socket.gethostname()}:{os.getpid()}"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-#: A group's next format up is measured only when the format below costs at least this fraction
-#: of the largest lowest-format cost (see ``_Objective.measure_costs``).
-MEASURE_ABOVE = 0.1
-
-#: Significand bits of the float formats, to compare their rounding noise with integer grids.
-_FLOAT_BITS = {"float16": 11, "float32": 24}
-
-
-def _precision_bits(fmt: Format, weighted: bool) -> int:
-    """Bits of the coarsest grid a node sees: activations, and weights if it has any."""
-    grids = (fmt.activation, fmt.weight) if weighted else (fmt.activation,)
-    return min(_FLOAT_BITS.get(t.dtype, t.bits - t.reduce_range) for t in grids)
 
 
 def _tpe(seed: int, trials: int) -> optuna.samplers.BaseSampler:
@@ -162,38 +155,13 @@ class _Objective:
         self.higher = evaluator.primary.higher_is_better
 
     def measure_costs(self, progress: bool) -> dict[tuple[str, str], float]:
-        """Each group alone at a lower format, the rest float: relative output noise power
-        plus metric drop on the search data (the additive model that seeds the search).
-
-        Every group is measured at its lowest format. A higher quantized format is measured
-        only where the format below it costs at least ``MEASURE_ABOVE`` of the largest
-        lowest-format cost; elsewhere its cost is the one below scaled by the ratio of their
-        quantization noise powers (:meth:`_noise_ratio`): a group that barely notices INT8
-        barely notices INT16, and not measuring it leaves that evaluation to the search.
-        """
-        from tqdm.auto import tqdm
-
-        costs: dict[tuple[str, str], float] = {(g.name, g.formats[-1]): 0.0 for g in self.groups}
-        lowest = [(g, g.formats[0]) for g in self.groups if len(g.formats) > 1]
-        bar = tqdm(total=len(lowest), desc="sensitivity", unit="cfg", disable=not progress)
-        for group, fmt in lowest:
-            costs[(group.name, fmt)] = self._group_cost(group, fmt)
-            bar.update()
-        floor = MEASURE_ABOVE * max((costs[(g.name, f)] for g, f in lowest), default=0.0)
-        for level in range(1, max(len(g.formats) for g in self.groups) - 1):
-            for group in (g for g in self.groups if level < len(g.formats) - 1):
-                below, fmt = group.formats[level - 1], group.formats[level]
-                cost = costs[(group.name, below)]
-                if cost >= floor and cost > 0.0:
-                    bar.total = (bar.total or 0) + 1
-                    costs[(group.name, fmt)] = self._group_cost(group, fmt)
-                    bar.update()
-                else:
-                    costs[(group.name, fmt)] = cost * self._noise_ratio(group, below, fmt)
-        bar.close()
-        return costs
+        """The additive sensitivity model that seeds the search (see :func:`group_costs`)."""
+        return group_costs(self.prepared.graph, self.prepared.profile, self.groups,
+                           self._group_cost, progress)
 
     def _group_cost(self, group: Group, fmt: str) -> float:
+        """``group`` alone at ``fmt``, the rest float: relative output noise power plus the
+        metric drop on the search data."""
         assignment = make_assignment(self.prepared.graph, self.prepared.profile,
                                      dict.fromkeys(group.nodes, fmt))
         result = self.evaluator.evaluate(self.quantizer.build(assignment),
@@ -204,13 +172,6 @@ class _Objective:
         reference = self.evaluator.metrics(self.evaluator.reference[: result.samples])
         sign = 1.0 if self.higher else -1.0
         return noise + max(sign * (reference[self.evaluator.primary.name] - result.value), 0.0)
-
-    def _noise_ratio(self, group: Group, low: str, high: str) -> float:
-        """Quantization noise power of ``high`` relative to ``low``: 4 ** -(extra bits) of the
-        coarsest grid (so A16W8 over A8W8 counts as no gain for a node with weights)."""
-        weighted = any(self.prepared.graph.nodes[n].weights for n in group.nodes)
-        bits = [_precision_bits(self.prepared.profile.format(f), weighted) for f in (low, high)]
-        return 4.0 ** -(bits[1] - bits[0])
 
     def assignment(self, choice: Mapping[str, int]) -> dict[str, str]:
         formats: dict[str, str] = {}

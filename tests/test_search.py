@@ -18,12 +18,18 @@ import numpy as np
 import optuna
 import pytest
 
-from mpsearch._search_seeds import Group, compress, group_nodes, knapsack
+from mpsearch._search_seeds import (
+    MEASURE_ABOVE,
+    Group,
+    compress,
+    group_costs,
+    group_nodes,
+    knapsack,
+)
 from mpsearch.cli import main
 from mpsearch.graph import load_model
 from mpsearch.profiles import load_profile
 from mpsearch.runs import export_point, search
-from mpsearch.search import MEASURE_ABOVE
 from mpsearch.spec import load_spec
 
 ROOT = Path(__file__).parent.parent
@@ -84,6 +90,25 @@ def test_compress_sheds_the_cheapest_promotions_first() -> None:
         # the demoted groups are exactly those at most as costly one format down as a threshold
         assert max(below[n] for n in down) < min(
             (below[n] for n in below if n not in down), default=np.inf)
+
+
+def test_group_costs_measure_int16_only_above_the_floor() -> None:
+    graph = load_model(FIXTURES / "shufflenet.onnx")
+    profile = load_profile("x86_ort")
+    groups = group_nodes(graph, profile)
+    int8 = {g.name: 0.5 ** i for i, g in enumerate(groups)}  # 1, 1/2, 1/4, ...
+    calls: list[tuple[str, str]] = []
+
+    def measure(group: Group, fmt: str) -> float:
+        calls.append((group.name, fmt))
+        return int8[group.name] if fmt == "int8" else int8[group.name] / 100
+
+    costs = group_costs(graph, profile, groups, measure)
+    above = [g.name for g in groups if int8[g.name] >= MEASURE_ABOVE]  # 1, 1/2, 1/4, 1/8
+    assert calls == [(g.name, "int8") for g in groups] + [(n, "int16") for n in above]
+    assert all(costs[(n, "int16")] == int8[n] / 100 for n in above)
+    assert all(costs[(g.name, "fp32")] == 0.0 for g in groups)
+    assert len(costs) == 3 * len(groups)
 
 
 def test_groups_cover_quantizable_nodes_once() -> None:
