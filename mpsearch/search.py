@@ -29,6 +29,7 @@ import numpy as np
 import optuna
 from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
+from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from mpsearch._search_seeds import (
     Group,
@@ -53,6 +54,7 @@ __all__ = ["SAMPLERS", "SearchResult", "TrialRecord", "make_sampler", "open_stud
 logger = logging.getLogger(__name__)
 _WORKER = f"{socket.gethostname()}:{os.getpid()}"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+_SCHEMA_ATTEMPTS = 5  # first use of an empty database by several workers at once
 
 
 def _tpe(seed: int, trials: int) -> optuna.samplers.BaseSampler:
@@ -90,11 +92,23 @@ def _storage(url: str | None, run_dir: Path) -> optuna.storages.BaseStorage:
         return JournalStorage(JournalFileBackend(url))
     if url.startswith(("postgresql://", "postgres://")):  # the driver mpsearch[postgres] installs
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
-    try:
-        return RDBStorage(url, heartbeat_interval=60, grace_period=120)
-    except Exception as e:
-        raise SearchError(f"cannot open Optuna storage '{url}' ({e}); check the URL and that "
-                          "its driver is installed (pip install 'mpsearch[postgres]')") from e
+    race: Exception | None = None
+    for attempt in range(_SCHEMA_ATTEMPTS):
+        try:
+            return RDBStorage(url, heartbeat_interval=60, grace_period=120)
+        except (IntegrityError, ProgrammingError) as e:
+            # Workers started together on an empty database all create Optuna's tables; the
+            # losers fail (optuna#1092) and find the tables made on the next attempt.
+            logger.debug("creating the Optuna schema raced another worker: %s", e)
+            race = e
+            time.sleep(0.2 * (attempt + 1))
+        except Exception as e:
+            raise SearchError(f"cannot open Optuna storage '{url}' ({e}); check the URL and "
+                              "that its driver is installed (pip install 'mpsearch[postgres]')"
+                              ) from e
+    detail = str(race).splitlines()[0] if race else ""
+    raise SearchError(f"cannot create Optuna's tables in '{url}' ({detail}); check the user may "
+                      "create tables there, or create the study once first (optuna create-study)")
 
 
 def open_study(

@@ -254,20 +254,28 @@ def _postgres_url() -> str | None:
 @pytest.mark.skipif(_postgres_url() is None, reason="no PostgreSQL on 127.0.0.1:5432 "
                     "(.ci/run starts one)")
 def test_two_workers_share_one_postgres_study(tmp_path: Path) -> None:
-    pytest.importorskip("psycopg")
-    url = _postgres_url()
-    assert url is not None
+    psycopg = pytest.importorskip("psycopg")
+    base = _postgres_url()
+    assert base is not None
     study = f"t{os.getpid()}_{int(time.time())}"
+    # A schema of its own, empty: both workers create Optuna's tables at once (optuna#1092).
+    with psycopg.connect(base, autocommit=True) as connection:
+        connection.execute(f"CREATE SCHEMA {study}")
+    url = f"{base}?options=-csearch_path%3D{study}"
     spec = _spec(tmp_path, trials=16)
     workers = [subprocess.Popen(
         [sys.executable, "-m", "mpsearch", "-q", "search", str(spec), "--out",
          str(tmp_path / f"w{i}"), "--storage", url, "--study", study, "--no-report"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
     outputs = [w.communicate(timeout=600) for w in workers]
-    assert all(w.returncode in (0, 1) for w in workers), outputs
+    assert all(w.returncode in (0, 1) for w in workers), [
+        (w.returncode, err.decode(errors="replace")[-3000:]) for w, (_, err) in zip(
+            workers, outputs, strict=True)]
     trials = optuna.load_study(study_name=study, storage=url).get_trials()
     finished = [t for t in trials if t.state.is_finished()]
     assert len(finished) >= 16
     workers_seen = {t.user_attrs.get("worker") for t in finished}
     assert len(workers_seen) == 2, workers_seen
+    with psycopg.connect(base, autocommit=True) as connection:
+        connection.execute(f"DROP SCHEMA {study} CASCADE")
     shutil.rmtree(tmp_path / "w0", ignore_errors=True)
