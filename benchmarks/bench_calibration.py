@@ -28,7 +28,6 @@ run with small N).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import resource
@@ -45,19 +44,10 @@ import onnx
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
+from _results import load_sibling  # noqa: E402
+
 METHODS = ("minmax", "percentile", "entropy", "mse")
 ORT_METHODS = ("minmax", "percentile", "entropy")
-
-
-def _module(name: str) -> Any:
-    path = ROOT / f"{name}.py"
-    if not path.exists():
-        return None
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def build_model(name: str, out: Path) -> str:
@@ -65,11 +55,11 @@ def build_model(name: str, out: Path) -> str:
     if Path(name).suffix == ".onnx":
         onnx.save(onnx.load(name), out)
         return name
-    models = _module("models")
+    models = load_sibling("models")
     if models is not None and hasattr(models, name):
         onnx.save(getattr(models, name)(), out)
         return f"benchmarks/models.py {name}()"
-    real = _module("real_models")
+    real = load_sibling("real_models")
     if real is None:
         raise SystemExit(f"no benchmarks/models.py with {name}() and no real_models.py")
     path = real.ensure_real_models()["mobilenetv2"]

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import importlib.util
 import io
 import logging
 import os
@@ -52,7 +51,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -70,6 +68,10 @@ from onnxruntime.quantization import (
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results.py
+
+from _results import load_sibling, publish  # noqa: E402
+
 from mpsearch.assignment import make_assignment, uniform_assignment  # noqa: E402
 from mpsearch.evaluate import Evaluator  # noqa: E402
 from mpsearch.graph import ModelGraph  # noqa: E402
@@ -81,7 +83,6 @@ LOG = logging.getLogger("bench_quantize")
 
 BENCH = ROOT / "benchmarks"
 FIXTURES = ROOT / "tests" / "fixtures"
-RESULTS = BENCH / "RESULTS.md"
 SECTION = "## Quantize"
 PROFILE = "x86_ort"
 METHOD = "minmax"
@@ -142,26 +143,14 @@ class Row:
 
 
 # ------------------------------------------------------------------------------ models and data
-def _load_by_path(name: str) -> ModuleType | None:
-    path = BENCH / f"{name}.py"
-    if not path.exists():
-        return None
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses in the module look themselves up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def cases(work: Path) -> list[Case]:
     """Every benchmark model with its data (building the real models when missing)."""
     out = [Case(name=n, group="zoo", model=FIXTURES / f"{n}.onnx",
                 data=FIXTURES / "digits_eval.npz", calibration_samples=200) for n in ZOO]
-    real = _load_by_path("real_models")
+    real = load_sibling("real_models")
     assert real is not None, "benchmarks/real_models.py is missing"
     paths: dict[str, Path] = real.ensure_real_models()
-    generated = _load_by_path("models")
+    generated = load_sibling("models")
     if generated is None:
         LOG.warning("benchmarks/models.py not found: generated ResNet-18/MobileNetV2 skipped")
     else:
@@ -523,13 +512,6 @@ def section(
     ])
 
 
-def write_section(text: str) -> None:
-    """Replace (or append) this benchmark's section of RESULTS.md."""
-    sys.path.insert(0, str(BENCH))
-    import _results
-
-    _results.write_section(SECTION, text)
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", help="comma-separated subset (names as printed)")
@@ -555,10 +537,7 @@ def main() -> None:
             LOG.info("%s done in %.0f s", case.name, time.perf_counter() - start)
     seconds = time.perf_counter() - begin
     text = section(rows, command, seconds, start_load)
-    print(text)
-    if not args.no_write:
-        write_section(text)
-        print(f"updated the {SECTION} section of {RESULTS.relative_to(ROOT)}")
+    publish(SECTION, text, write=not args.no_write)
 
 
 if __name__ == "__main__":

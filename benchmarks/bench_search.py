@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import sys
 import tempfile
 import time
@@ -25,6 +24,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results.py
+
+from _results import load_sibling  # noqa: E402
 
 from mpsearch._search_seeds import group_nodes  # noqa: E402
 from mpsearch.assignment import make_assignment, model_size, uniform_assignment  # noqa: E402
@@ -136,20 +139,11 @@ def run_uniform(prepared: Prepared, evaluator: Evaluator) -> Run:
     return Run("uniform", 0, points, len(points), 0.0)
 
 
-def _load_module(path: Path) -> object:
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def model_inputs(names: Sequence[str], real: bool) -> list[tuple[str, Path, Dataset]]:
     digits = load_data(FIXTURES / "digits_eval.npz")
     out = [(n, FIXTURES / f"{n}.onnx", digits) for n in names]
     if real:
-        models = _load_module(ROOT / "benchmarks" / "real_models.py")
+        models = load_sibling("real_models")
         paths = models.ensure_real_models()  # type: ignore[attr-defined]
         photos = load_data(paths["photos"]).take(192)
         out.append(("mobilenetv2_imagenet", paths["mobilenetv2_imagenet"], photos))

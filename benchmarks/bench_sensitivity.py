@@ -27,7 +27,6 @@ validation samples per evaluation of the real models (default 64; the fixtures u
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import platform
@@ -37,18 +36,20 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results.py
+
+from _results import load_sibling, publish  # noqa: E402
 
 from mpsearch.analysis import Analysis, analyze  # noqa: E402
 from mpsearch.data import load_data  # noqa: E402
 from mpsearch.pipeline import prepare  # noqa: E402
 from mpsearch.sensitivity import kendall_tau  # noqa: E402
 
-RESULTS = BENCH / "RESULTS.md"
 SECTION = "## Sensitivity"
 PROFILE = "x86_ort"
 FIXTURES = ("resnet", "mobilenetv2", "efficientnet", "squeezenet", "shufflenet", "transformer",
@@ -77,15 +78,6 @@ class Row:
     top: tuple[str, ...]
     fp32: float
     metric: str
-
-
-def _real_models() -> ModuleType:
-    path = BENCH / "real_models.py"
-    spec = importlib.util.spec_from_file_location("bench_real_models", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _taus(e2e: Analysis, proxy: Analysis) -> tuple[dict[str, float], dict[str, float]]:
@@ -158,13 +150,6 @@ def tops(rows: list[Row]) -> str:
                      for r in rows)
 
 
-def write_section(text: str) -> None:
-    """Replace (or append) this benchmark's section of RESULTS.md."""
-    sys.path.insert(0, str(BENCH))
-    import _results
-
-    _results.write_section(SECTION, text)
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join((*FIXTURES, *REAL)),
@@ -180,7 +165,8 @@ def main() -> None:
     wanted = [m.strip() for m in args.models.split(",") if m.strip()]
     out = Path(args.out)
     rows = []
-    real = _real_models().ensure_real_models() if set(wanted) & set(REAL) else {}
+    models = load_sibling("real_models") if set(wanted) & set(REAL) else None
+    real = models.ensure_real_models() if models is not None else {}
     for name in wanted:
         if name in FIXTURES:
             rows.append(run_model(name, ROOT / "tests" / "fixtures" / f"{name}.onnx",
@@ -200,10 +186,7 @@ def main() -> None:
         f"profile {PROFILE}, MinMax; passes = evaluation passes of the end-to-end analysis: "
         "every (node, format) alone, the reverse view and both curves, INT8).", "",
         table(rows), "", "Most sensitive nodes (INT8, end to end):", "", tops(rows), ""])
-    print(text)
-    if not args.no_write:
-        write_section(text)
-        print(f"updated the {SECTION} section of {RESULTS.relative_to(ROOT)}")
+    publish(SECTION, text, write=not args.no_write)
 
 
 if __name__ == "__main__":
