@@ -321,17 +321,16 @@ class _Build:
         for tensor, spec in plan.constants:
             replace[tensor] = self._emit_stored(self.q._constant(tensor, spec))
         weight_store = None
-        with_bias = plan.bias is not None and bool(plan.inputs)
-        scale = self.q.activation_qparams(*plan.inputs[0])[0] if with_bias else 0.0
+        bias = plan.bias if plan.inputs else None  # its scale needs the input's
+        scale = self.q.activation_qparams(*plan.inputs[0])[0] if bias is not None else 0.0
         for weight, fmt in plan.weights:
-            if with_bias and plan.bias is not None:
-                weight_store = self.q._weight_for_bias(plan.node, weight, fmt, plan.bias, scale)
+            if bias is not None:
+                weight_store = self.q._weight_for_bias(plan.node, weight, fmt, bias, scale)
             else:
                 weight_store = self.q._weight(plan.node, weight, fmt)
             replace[weight] = self._emit_stored(weight_store)
-        if plan.bias is not None and weight_store is not None and with_bias:
-            replace[plan.bias] = self._emit_stored(
-                self.q._bias(plan.node, plan.bias, scale, weight_store))
+        if bias is not None and weight_store is not None:
+            replace[bias] = self._emit_stored(self.q._bias(plan.node, bias, scale, weight_store))
         raw = {t: f"{t}__raw" for t, _ in plan.outputs}
         node = onnx.NodeProto()
         node.CopyFrom(proto)
