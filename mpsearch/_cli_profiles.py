@@ -36,8 +36,13 @@ def add_profiles_parser(subparsers: Any) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from mpsearch._cpu import AUTO_X86_PROFILE, host_int8_isa, x86_profile_for
+
     for name in list_profiles():
         print(f"{name:<16} {load_profile(name).description}")
+    isa = host_int8_isa()
+    print(f"{AUTO_X86_PROFILE:<16} x86_ort on CPUs with VNNI or AMX, x86_ort_avx2 on the others "
+          f"(here: {x86_profile_for(isa)}; this CPU is {isa.describe()})")
     return 0
 
 

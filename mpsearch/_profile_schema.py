@@ -7,11 +7,13 @@ the problem and the fix.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
 from typing import Any
 
+from mpsearch._cpu import AUTO_X86_PROFILE, host_int8_isa, x86_profile_for
 from mpsearch._yaml import LineDict, Section, load_yaml, merge_maps, suggest
 from mpsearch.errors import ProfileError
 from mpsearch.profiles import (
@@ -30,6 +32,8 @@ from mpsearch.profiles import (
 )
 
 __all__ = ["list_shipped", "read_profile", "resolve_profile", "shipped_profile_path"]
+
+logger = logging.getLogger(__name__)
 
 UNKNOWN = ("unknown",)
 TOP_KEYS = ("schema", "name", "extends", "description", "versions", "sources", "formats",
@@ -73,7 +77,10 @@ def list_shipped() -> tuple[str, ...]:
 
 
 def resolve_profile(name_or_path: str | os.PathLike[str]) -> Path:
-    """The file for a path (anything with a separator or a .yaml suffix) or a shipped name."""
+    """The file for a path (anything with a separator or a .yaml suffix) or a shipped name.
+
+    ``x86_ort_auto`` names ``x86_ort`` on CPUs with VNNI or AMX and ``x86_ort_avx2`` on the others.
+    """
     text = os.fspath(name_or_path)
     if not isinstance(name_or_path, str) or text.endswith((".yaml", ".yml")) or "/" in text \
             or os.sep in text:
@@ -82,9 +89,14 @@ def resolve_profile(name_or_path: str | os.PathLike[str]) -> Path:
             raise ProfileError(f"{path}: no such profile file; check the path, or name a "
                                f"shipped profile ({', '.join(list_shipped())})")
         return path
+    if text == AUTO_X86_PROFILE:
+        isa = host_int8_isa()
+        text = x86_profile_for(isa)
+        logger.info("%s on this CPU (%s) is %s", AUTO_X86_PROFILE, isa.describe(), text)
     found = shipped_profile_path(text)
     if found is None:
-        raise ProfileError(f"unknown hardware profile '{text}'{suggest(text, list_shipped())}")
+        known = (*list_shipped(), AUTO_X86_PROFILE)
+        raise ProfileError(f"unknown hardware profile '{text}'{suggest(text, known)}")
     return found
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import onnx
 
+from mpsearch._cpu import check_profile_for_cpu
 from mpsearch._io import write_json, write_model
 from mpsearch.calibrate import CalibrationTable, calibrate, calibrate_cached
 from mpsearch.data import Dataset, check_signature, load_data
@@ -69,6 +70,9 @@ def prepare(
     hw = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
     dataset = data if isinstance(data, Dataset) else load_data(data)
     check_signature(dataset, graph)
+    mismatch = check_profile_for_cpu(hw.name)
+    if mismatch:
+        logger.warning(mismatch)
     for node in graph.nodes.values():  # fail early when the target cannot run an op at all
         hw.formats_for_node(node)
     calib, valid = split_data(dataset, calibration_samples, seed)

@@ -27,6 +27,7 @@ from mpsearch._search_seeds import (
     knapsack,
 )
 from mpsearch.cli import main
+from mpsearch.demo import DEMO_MODEL
 from mpsearch.graph import load_model
 from mpsearch.profiles import load_profile
 from mpsearch.runs import export_point, search
@@ -36,11 +37,13 @@ ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def _spec(tmp_path: Path, model: str = "shufflenet", trials: int = 14, extra: str = "") -> Path:
+def _spec(tmp_path: Path, model: str = "shufflenet", trials: int = 14, extra: str = "",
+          profile: str = "x86_ort") -> Path:
     path = tmp_path / f"{model}.yaml"
+    onnx_file = DEMO_MODEL if model == "demo" else FIXTURES / (model + ".onnx")
     path.write_text(
-        f"model: {FIXTURES / (model + '.onnx')}\n"
-        "profile: x86_ort\n"
+        f"model: {onnx_file}\n"
+        f"profile: {profile}\n"
         f"data: {{source: {FIXTURES / 'digits_eval.npz'}, calibration: 64, held_out: 0.5}}\n"
         "metric: accuracy\n"
         f"budget: {{trials: {trials}}}\n"
@@ -125,7 +128,9 @@ def test_groups_cover_quantizable_nodes_once() -> None:
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("search")
-    run = search(load_spec(_spec(tmp)), tmp / "run")
+    # The demo loses INT8 accuracy by construction on every CPU; x86_ort_auto keeps ORT's fused
+    # int8 kernels exact on this machine (x86_ort with VNNI, x86_ort_avx2 without).
+    run = search(load_spec(_spec(tmp, model="demo", profile="x86_ort_auto")), tmp / "run")
     assert run.front
     return run.run_dir
 
@@ -150,7 +155,7 @@ def test_front_beats_uniform_int8_where_int8_loses_accuracy(finished_run: Path) 
     front = json.loads((finished_run / "front.json").read_text())
     int8 = front["uniform"]["int8"]
     fp32 = front["fp32"]
-    assert fp32["metric"] - int8["metric"] >= 0.03  # the fixture is built to be hard for INT8
+    assert fp32["metric"] - int8["metric"] >= 0.05  # the demo is built to be hard for INT8
     best_small = [p for p in front["points"] if p["size"] <= 1.25 * int8["size"]]
     assert max(p["metric"] for p in best_small) >= fp32["metric"] - 0.01
 
@@ -169,8 +174,8 @@ def test_int16_is_measured_only_where_int8_costs_something(finished_run: Path) -
         optuna.storages.journal.JournalFileBackend(str(finished_run / "study.journal")))
     costs = {(g, f): c for g, f, c in optuna.load_study(
         study_name="mpsearch", storage=storage).user_attrs["group_costs"]}
-    graph = load_model(FIXTURES / "shufflenet.onnx")
-    groups = group_nodes(graph, load_profile("x86_ort"))
+    graph = load_model(DEMO_MODEL)
+    groups = group_nodes(graph, load_profile("x86_ort_auto"))
     assert set(costs) == {(g.name, f) for g in groups for f in g.formats}
     int8 = {g.name: costs[(g.name, "int8")] for g in groups}
     floor = MEASURE_ABOVE * max(int8.values())
