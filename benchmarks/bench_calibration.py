@@ -121,7 +121,7 @@ def job_exposed(model: str, x: np.ndarray, batch: int, threads: int) -> dict[str
 def job_mpsearch(model: str, x: np.ndarray, batch: int, threads: int,
                  optimize: bool) -> dict[str, Any]:
     from mpsearch import kernels
-    from mpsearch.calibrate import calibrate
+    from mpsearch.calibration import calibrate
     from mpsearch.data import Dataset
     from mpsearch.graph import load_model
 

@@ -29,13 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results.py
 
 from _results import load_sibling  # noqa: E402
 
-from mpsearch._search_seeds import group_nodes  # noqa: E402
 from mpsearch.assignment import make_assignment, model_size, uniform_assignment  # noqa: E402
 from mpsearch.data import Dataset, load_data  # noqa: E402
 from mpsearch.evaluate import Evaluator  # noqa: E402
 from mpsearch.pipeline import Prepared, prepare  # noqa: E402
 from mpsearch.quantize import Quantizer  # noqa: E402
-from mpsearch.search import _Objective, run_search  # noqa: E402
+from mpsearch.search._seeds import group_nodes  # noqa: E402
+from mpsearch.search._study import _Objective, run_search  # noqa: E402
 from mpsearch.spec import SearchSpec  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -45,10 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results.py
 
 from _results import load_sibling, publish  # noqa: E402
 
-from mpsearch.analysis import Analysis, analyze  # noqa: E402
+from mpsearch.analysis._analysis import Analysis, analyze  # noqa: E402
+from mpsearch.analysis._sensitivity import kendall_tau  # noqa: E402
 from mpsearch.data import load_data  # noqa: E402
 from mpsearch.pipeline import prepare  # noqa: E402
-from mpsearch.sensitivity import kendall_tau  # noqa: E402
 
 SECTION = "## Sensitivity"
 PROFILE = "x86_ort"

@@ -24,7 +24,7 @@ _EXPORTS = {
     "Assignment": "assignment", "estimate_latency": "assignment",
     "load_assignment": "assignment", "make_assignment": "assignment",
     "model_size": "assignment", "uniform_assignment": "assignment",
-    "CalibrationTable": "calibrate", "calibrate": "calibrate", "load_table": "calibrate",
+    "CalibrationTable": "calibration", "calibrate": "calibration", "load_table": "calibration",
     "Dataset": "data", "load_data": "data",
     "CalibrationError": "errors", "DataError": "errors", "ModelError": "errors",
     "MpsearchError": "errors", "ProfileError": "errors", "QuantizationError": "errors",

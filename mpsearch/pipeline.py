@@ -16,13 +16,12 @@ from typing import Any
 
 import onnx
 
-from mpsearch._cpu import check_profile_for_cpu
 from mpsearch._io import write_json, write_model
-from mpsearch.calibrate import CalibrationTable, calibrate, calibrate_cached
+from mpsearch.calibration import CalibrationTable, calibrate, calibrate_cached
 from mpsearch.data import Dataset, check_signature, load_data
 from mpsearch.errors import DataError
 from mpsearch.graph import ModelGraph, load_model
-from mpsearch.profiles import HardwareProfile, load_profile
+from mpsearch.profiles import HardwareProfile, check_profile_for_cpu, load_profile
 from mpsearch.summary import ModelSummary, summarize
 
 __all__ = ["Prepared", "prepare", "split_data", "write_json", "write_model"]

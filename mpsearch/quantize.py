@@ -30,7 +30,7 @@ from mpsearch.graph import ModelGraph, Node
 from mpsearch.profiles import HardwareProfile, TensorFormat
 
 if TYPE_CHECKING:
-    from mpsearch.calibrate import CalibrationTable
+    from mpsearch.calibration import CalibrationTable
 
 __all__ = ["Quantizer", "build_qdq", "qparams"]
 

@@ -22,7 +22,6 @@ import onnx
 
 from mpsearch import __version__
 from mpsearch._io import atomic_write, write_json, write_model
-from mpsearch._search_seeds import group_nodes, seed_assignments
 from mpsearch.analysis import analyze
 from mpsearch.assignment import estimate_latency, make_assignment, model_size, uniform_assignment
 from mpsearch.data import Dataset
@@ -31,7 +30,7 @@ from mpsearch.evaluate import Evaluation, Evaluator
 from mpsearch.pipeline import Prepared, prepare
 from mpsearch.quantize import Quantizer
 from mpsearch.runtime import create_session, ort_version
-from mpsearch.search import SearchResult, TrialRecord, run_search
+from mpsearch.search import SearchResult, TrialRecord, group_nodes, run_search, seed_assignments
 from mpsearch.spec import SearchSpec
 
 __all__ = ["DryRun", "ExportResult", "SearchRun", "dry_run", "export_point", "search"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import tracemalloc
@@ -13,13 +12,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from mpsearch import calibration as cal
 from mpsearch import kernels
-from mpsearch.calibrate import METHODS, calibrate, calibrate_cached, load_table, weight_stats
+from mpsearch.calibration import METHODS, calibrate, calibrate_cached, load_table, weight_stats
 from mpsearch.data import Dataset, load_data
 from mpsearch.errors import CalibrationError, DataError
 from mpsearch.graph import ModelGraph, load_model
 
-cal = importlib.import_module("mpsearch.calibrate")  # the package exports a function too
 FIXTURES = Path(__file__).parent / "fixtures"
 MODELS = sorted(FIXTURES.glob("*.onnx"))
 DIGITS = FIXTURES / "digits_eval.npz"

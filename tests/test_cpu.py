@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mpsearch._cpu import (
+from mpsearch.profiles import load_profile
+from mpsearch.profiles._cpu import (
     AUTO_X86_PROFILE,
     Int8Isa,
     _flags_from_cpuinfo,
@@ -13,7 +14,6 @@ from mpsearch._cpu import (
     isa_from_flags,
     x86_profile_for,
 )
-from mpsearch.profiles import load_profile
 
 CPUINFO = {  # the flags line of real /proc/cpuinfo files, shortened to what matters here
     "zen1": "fpu sse2 avx avx2 fma bmi2",

@@ -10,14 +10,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from mpsearch.data import Dataset
-from mpsearch.distributions import (
+from mpsearch.analysis import (
     STAT_COLUMNS,
     FlagRules,
     NodeDistribution,
     analyze_distributions,
     tensor_flags,
 )
+from mpsearch.data import Dataset
 from mpsearch.pipeline import Prepared, prepare
 
 WIDE_CHANNEL = 3

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mpsearch._cli_profiles import add_profiles_parser
+from mpsearch.cli._profiles import add_profiles_parser
 from mpsearch.errors import MpsearchError, ProfileError
 from mpsearch.profiles import (
     Format,

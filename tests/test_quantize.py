@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mpsearch.assignment import make_assignment, model_size, uniform_assignment
-from mpsearch.calibrate import calibrate
+from mpsearch.calibration import calibrate
 from mpsearch.data import Dataset, load_data
 from mpsearch.errors import MpsearchError, QuantizationError
 from mpsearch.graph import ModelGraph, load_model

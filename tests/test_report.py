@@ -21,13 +21,20 @@ import plotly.graph_objects as go
 import pytest
 from plotly.offline import get_plotlyjs
 
-from mpsearch import _report_figures as figs
-from mpsearch._cli_report import add_report_parser
-from mpsearch._report_page import CLASS_COLORS, MAX_BINS, rebin
+from mpsearch.cli._report import add_report_parser
 from mpsearch.errors import MpsearchError
 from mpsearch.graph import load_model
 from mpsearch.profiles import load_profile
-from mpsearch.report import MAX_DISTRIBUTION_NODES, load_run, render_report, write_report
+from mpsearch.report import (
+    CLASS_COLORS,
+    MAX_BINS,
+    MAX_DISTRIBUTION_NODES,
+    load_run,
+    rebin,
+    render_report,
+    write_report,
+)
+from mpsearch.report import _figures as figs
 from mpsearch.summary import summarize
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,7 +18,12 @@ import numpy as np
 import optuna
 import pytest
 
-from mpsearch._search_seeds import (
+from mpsearch.cli import main
+from mpsearch.demo import DEMO_MODEL
+from mpsearch.graph import load_model
+from mpsearch.profiles import load_profile
+from mpsearch.runs import export_point, search
+from mpsearch.search import (
     MEASURE_ABOVE,
     Group,
     compress,
@@ -26,11 +31,6 @@ from mpsearch._search_seeds import (
     group_nodes,
     knapsack,
 )
-from mpsearch.cli import main
-from mpsearch.demo import DEMO_MODEL
-from mpsearch.graph import load_model
-from mpsearch.profiles import load_profile
-from mpsearch.runs import export_point, search
 from mpsearch.spec import load_spec
 
 ROOT = Path(__file__).parent.parent

@@ -14,20 +14,21 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from mpsearch._cli_analyze import add_analyze_parser
-from mpsearch.analysis import Analysis, analyze
-from mpsearch.data import Dataset, load_data
-from mpsearch.errors import MpsearchError, QuantizationError, SpecError
-from mpsearch.evaluate import Evaluator
-from mpsearch.pipeline import Prepared, prepare
-from mpsearch.sensitivity import (
+from mpsearch.analysis import (
+    Analysis,
     Measurement,
     NodeSensitivity,
     Thresholds,
+    analyze,
     kendall_tau,
     output_kl,
     rank_sensitivity,
 )
+from mpsearch.cli._analyze import add_analyze_parser
+from mpsearch.data import Dataset, load_data
+from mpsearch.errors import MpsearchError, QuantizationError, SpecError
+from mpsearch.evaluate import Evaluator
+from mpsearch.pipeline import Prepared, prepare
 
 FIXTURES = Path(__file__).parent / "fixtures"
 OUTLIER_NODE = "mm2"

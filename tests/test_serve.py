@@ -23,8 +23,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from starlette.testclient import TestClient
 
-from mpsearch._serve_progress import last_bar, pareto, read_journal
 from mpsearch.serve import ServeConfig, create_app
+from mpsearch.serve._progress import last_bar, pareto, read_journal
 
 JSON = {"accept": "application/json"}
 BAD_PROFILE = ("schema: 1\nname: typo\nextends: x86_ort\nformats:\n  int8:\n"
@@ -289,7 +289,7 @@ def test_ids_in_addresses_are_checked(client: TestClient) -> None:
 
 def test_internal_errors_are_messages(client: TestClient, monkeypatch: pytest.MonkeyPatch,
                                       tiny: tuple[Path, Path]) -> None:
-    from mpsearch import _serve_store
+    from mpsearch.serve import _store as _serve_store
 
     model = _model(client, tiny[0])
 
@@ -417,13 +417,13 @@ def test_progress_parsing(tmp_path: Path) -> None:
 
 
 def test_cli_serve_prints_its_loopback_address(tmp_path: Path) -> None:
-    from mpsearch._cli_serve import add_serve_parser
+    from mpsearch.cli._serve import add_serve_parser
 
     parser = argparse.ArgumentParser()
     add_serve_parser(parser.add_subparsers())
     args = parser.parse_args(["serve"])
     assert (args.host, args.port, args.func.__name__) == ("127.0.0.1", 8765, "handler")
-    code = ("import argparse, sys; from mpsearch._cli_serve import add_serve_parser as a\n"
+    code = ("import argparse, sys; from mpsearch.cli._serve import add_serve_parser as a\n"
             "p = argparse.ArgumentParser(); a(p.add_subparsers())\n"
             "args = p.parse_args(sys.argv[1:]); sys.exit(args.func(args))")
     proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--port", "0", "--workdir",

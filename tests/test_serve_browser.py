@@ -25,8 +25,8 @@ if not Path(CHROMIUM).is_file() or shutil.which(CHROMIUM) is None:
 
 from test_serve import build_tiny  # noqa: E402  (tests/ is on sys.path under pytest)
 
-from mpsearch._cli_serve import bind  # noqa: E402
-from mpsearch.serve import ServeConfig, create_app  # noqa: E402
+from mpsearch.cli._serve import bind  # noqa: E402
+from mpsearch.serve._app import ServeConfig, create_app  # noqa: E402
 
 JOB_TIMEOUT_MS = 240_000
 

@@ -42,26 +42,26 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from mpsearch import _serve_pages as pages
-from mpsearch._serve_http import Guard, error_handlers, error_response, wants_json
-from mpsearch._serve_job_pages import job_page, model_page
-from mpsearch._serve_jobs import ACTIVE, Job, JobQueue
-from mpsearch._serve_progress import job_progress
-from mpsearch._serve_spec import (
+from mpsearch.errors import MpsearchError
+from mpsearch.serve import _pages as pages
+from mpsearch.serve._http import Guard, error_handlers, error_response, wants_json
+from mpsearch.serve._job_pages import job_page, model_page
+from mpsearch.serve._jobs import ACTIVE, Job, JobQueue
+from mpsearch.serve._progress import job_progress
+from mpsearch.serve._spec import (
     JobConfig,
     image_options,
     metric_names,
     parse_form,
     write_spec,
 )
-from mpsearch._serve_store import Store, Upload, UploadError, valid_id
-from mpsearch.errors import MpsearchError
+from mpsearch.serve._store import Store, Upload, UploadError, valid_id
 
 __all__ = ["ServeConfig", "bundled_files", "create_app"]
 
 logger = logging.getLogger(__name__)
 
-STATIC = Path(__file__).parent / "static"
+STATIC = Path(__file__).parent.parent / "static"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,8 +77,8 @@ class ServeConfig:
 
 def bundled_files() -> tuple[dict[str, Path], dict[str, Path]]:
     """(models, data) shipped with mpsearch: the demo, and the test fixtures of a checkout."""
-    demo = Path(__file__).parent / "demo"
-    fixtures = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
+    demo = Path(__file__).parent.parent / "demo"
+    fixtures = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
     models = {p.name: p for p in sorted(demo.glob("*.onnx"))}
     data = {p.name: p for p in sorted(demo.glob("*.npz"))}
     if fixtures.is_dir():

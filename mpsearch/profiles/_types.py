@@ -396,14 +396,16 @@ class HardwareProfile:
 # -- loading -------------------------------------------------------------------------------
 def list_profiles() -> tuple[str, ...]:
     """Names of the shipped profiles (top-level ``hw_profiles/``, then package data), sorted."""
-    from mpsearch import _profile_schema  # local import: the schema builds this module's types
+    from mpsearch.profiles import (
+        _schema as _profile_schema,  # local import: the schema builds this module's types
+    )
 
     return _profile_schema.list_shipped()
 
 
 def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
     """Load and validate a profile from a YAML path or a shipped profile name (``x86_ort``)."""
-    from mpsearch import _profile_schema
+    from mpsearch.profiles import _schema as _profile_schema
 
     path = _profile_schema.resolve_profile(name_or_path)
     profile = _profile_schema.read_profile(path)

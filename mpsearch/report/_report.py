@@ -21,10 +21,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mpsearch import _report_figures as figs
 from mpsearch._io import atomic_write
-from mpsearch._report_page import CLASS_COLORS, format_color, render_page
 from mpsearch.errors import MpsearchError
+from mpsearch.report import _figures as figs
+from mpsearch.report._page import CLASS_COLORS, format_color, render_page
 
 __all__ = ["MAX_DISTRIBUTION_NODES", "RunFiles", "load_run", "render_report", "write_report"]
 

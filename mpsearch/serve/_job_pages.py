@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mpsearch._serve_pages import bytes_text, e, error_box, file_form, page, summary_html
+from mpsearch.serve._pages import bytes_text, e, error_box, file_form, page, summary_html
 
 __all__ = ["job_page", "model_page"]
 

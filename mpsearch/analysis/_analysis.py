@@ -33,16 +33,8 @@ from tqdm import tqdm
 
 from mpsearch import __version__
 from mpsearch._io import atomic_write, write_json
-from mpsearch.assignment import model_size
-from mpsearch.data import Dataset
-from mpsearch.distributions import STAT_COLUMNS, NodeDistribution, analyze_distributions
-from mpsearch.errors import QuantizationError
-from mpsearch.evaluate import Evaluator
-from mpsearch.graph import Node
-from mpsearch.pipeline import Prepared
-from mpsearch.profiles import HardwareProfile
-from mpsearch.quantize import Quantizer
-from mpsearch.sensitivity import (
+from mpsearch.analysis._distributions import STAT_COLUMNS, NodeDistribution, analyze_distributions
+from mpsearch.analysis._sensitivity import (
     Measurement,
     Measurer,
     NodeSensitivity,
@@ -57,6 +49,14 @@ from mpsearch.sensitivity import (
     severity,
     worsening,
 )
+from mpsearch.assignment import model_size
+from mpsearch.data import Dataset
+from mpsearch.errors import QuantizationError
+from mpsearch.evaluate import Evaluator
+from mpsearch.graph import Node
+from mpsearch.pipeline import Prepared
+from mpsearch.profiles import HardwareProfile
+from mpsearch.quantize import Quantizer
 
 __all__ = ["Analysis", "CurvePoint", "analyze", "measure_curve", "write_analysis"]
 

@@ -31,7 +31,13 @@ from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
-from mpsearch._search_seeds import (
+from mpsearch.assignment import Assignment, estimate_latency, make_assignment, model_size
+from mpsearch.errors import SearchError
+from mpsearch.evaluate import Evaluator
+from mpsearch.pipeline import Prepared
+from mpsearch.quantize import Quantizer
+from mpsearch.runtime import create_session
+from mpsearch.search._seeds import (
     Group,
     Seed,
     compress,
@@ -40,12 +46,6 @@ from mpsearch._search_seeds import (
     neighbor,
     seed_assignments,
 )
-from mpsearch.assignment import Assignment, estimate_latency, make_assignment, model_size
-from mpsearch.errors import SearchError
-from mpsearch.evaluate import Evaluator
-from mpsearch.pipeline import Prepared
-from mpsearch.quantize import Quantizer
-from mpsearch.runtime import create_session
 from mpsearch.spec import SearchSpec
 
 __all__ = ["SAMPLERS", "SearchResult", "TrialRecord", "make_sampler", "open_study", "run_search",

@@ -34,7 +34,7 @@ from onnx import helper, numpy_helper
 from tqdm import tqdm
 
 from mpsearch import kernels
-from mpsearch.calibrate import CalibrationTable
+from mpsearch.calibration import CalibrationTable
 from mpsearch.data import Dataset
 from mpsearch.errors import SpecError
 from mpsearch.evaluate import Evaluator, resolve_metric

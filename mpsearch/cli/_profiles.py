@@ -36,7 +36,7 @@ def add_profiles_parser(subparsers: Any) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from mpsearch._cpu import AUTO_X86_PROFILE, host_int8_isa, x86_profile_for
+    from mpsearch.profiles import AUTO_X86_PROFILE, host_int8_isa, x86_profile_for
 
     for name in list_profiles():
         print(f"{name:<16} {load_profile(name).description}")

@@ -13,10 +13,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mpsearch._cpu import AUTO_X86_PROFILE, host_int8_isa, x86_profile_for
 from mpsearch._yaml import LineDict, Section, load_yaml, merge_maps, suggest
 from mpsearch.errors import ProfileError
-from mpsearch.profiles import (
+from mpsearch.profiles._cpu import AUTO_X86_PROFILE, host_int8_isa, x86_profile_for
+from mpsearch.profiles._types import (
     ACTIVATION_DTYPES,
     BIAS_DTYPES,
     EXECUTES,
@@ -53,8 +53,8 @@ _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.]*$")
 # -- files and extends ---------------------------------------------------------------------
 def profile_dirs() -> tuple[Path, ...]:
     """Where shipped profiles live: top-level ``hw_profiles/``, then package data."""
-    here = Path(__file__).resolve().parent
-    return (here.parent / "hw_profiles", here / "hw_profiles")
+    package = Path(__file__).resolve().parent.parent  # mpsearch/
+    return (package.parent / "hw_profiles", package / "hw_profiles")
 
 
 def shipped_profile_path(name: str) -> Path | None:

@@ -16,7 +16,7 @@ __all__ = ["add_calibrate_parser"]
 
 def add_calibrate_parser(subparsers: Any) -> None:
     """Register the ``calibrate`` sub-command on an argparse sub-parser collection."""
-    from mpsearch.calibrate import METHODS
+    from mpsearch.calibration import METHODS
 
     parser = subparsers.add_parser(
         "calibrate", help="collect activation statistics once (saved, fingerprinted)",
@@ -42,7 +42,7 @@ def add_calibrate_parser(subparsers: Any) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from mpsearch.calibrate import calibrate_cached
+    from mpsearch.calibration import calibrate_cached
     from mpsearch.data import check_signature, load_data
     from mpsearch.graph import load_model
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from mpsearch import kernels
 from mpsearch.assignment import weight_channels
-from mpsearch.calibrate import CalibrationTable
+from mpsearch.calibration import CalibrationTable
 from mpsearch.graph import ModelGraph, Node
 from mpsearch.pipeline import Prepared
 from mpsearch.profiles import HardwareProfile, TensorFormat

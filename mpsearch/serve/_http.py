@@ -18,9 +18,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mpsearch import _serve_pages as pages
-from mpsearch._serve_store import UploadError
 from mpsearch.errors import MpsearchError
+from mpsearch.serve import _pages as pages
+from mpsearch.serve._store import UploadError
 
 __all__ = ["CSP", "Guard", "error_handlers", "error_response", "wants_json"]
 

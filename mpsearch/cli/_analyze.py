@@ -8,9 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mpsearch.analysis import Analysis, analyze
+from mpsearch.analysis import Analysis, Thresholds, analyze
 from mpsearch.pipeline import prepare
-from mpsearch.sensitivity import Thresholds
 
 __all__ = ["add_analyze_parser", "format_analysis"]
 

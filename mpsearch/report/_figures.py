@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mpsearch._report_page import CLASS_COLORS, esc, format_color, rebin, size_unit
-from mpsearch._report_page import axis as _axis
-from mpsearch._report_page import layout as _layout
-from mpsearch._report_page import node_axis as _node_axis
-from mpsearch._report_page import rounded as _r
+from mpsearch.report._page import CLASS_COLORS, esc, format_color, rebin, size_unit
+from mpsearch.report._page import axis as _axis
+from mpsearch.report._page import layout as _layout
+from mpsearch.report._page import node_axis as _node_axis
+from mpsearch.report._page import rounded as _r
 
 __all__ = ["figure_curve", "figure_distribution", "figure_flops", "figure_front",
            "figure_op_types", "figure_reverse", "figure_sensitivity"]

@@ -14,12 +14,12 @@ import sys
 from collections.abc import Sequence
 
 from mpsearch import __version__
-from mpsearch._cli_analyze import add_analyze_parser
-from mpsearch._cli_calibrate import add_calibrate_parser
-from mpsearch._cli_pipeline import add_pipeline_parsers
-from mpsearch._cli_profiles import add_profiles_parser
-from mpsearch._cli_report import add_report_parser
-from mpsearch._cli_serve import add_serve_parser
+from mpsearch.cli._analyze import add_analyze_parser
+from mpsearch.cli._calibrate import add_calibrate_parser
+from mpsearch.cli._pipeline import add_pipeline_parsers
+from mpsearch.cli._profiles import add_profiles_parser
+from mpsearch.cli._report import add_report_parser
+from mpsearch.cli._serve import add_serve_parser
 from mpsearch.errors import MpsearchError
 from mpsearch.graph import load_model
 from mpsearch.summary import format_summary, summarize

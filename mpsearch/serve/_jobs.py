@@ -2,7 +2,7 @@
 
 Consumes jobs whose run directory already holds ``spec.yaml`` (see :mod:`mpsearch._serve_spec`);
 produces their run directories (``WORKDIR/runs/{id}/``) through ``python -m
-mpsearch._serve_worker``, which calls the same Python API as the CLI, so ``mpsearch report`` and
+mpsearch.serve._worker``, which calls the same Python API as the CLI, so ``mpsearch report`` and
 ``mpsearch search --resume`` work on them. At most ``max_running`` workers run at once (the rest
 queue, first in first out); a supervisor thread polls them. ``job.json`` in the run directory is
 the job's state, rewritten atomically at each change, so the job list survives a browser reload
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mpsearch._io import write_json
-from mpsearch._serve_store import UploadError, new_id, valid_id
+from mpsearch.serve._store import UploadError, new_id, valid_id
 
 __all__ = ["ACTIVE", "Job", "JobQueue"]
 
@@ -192,7 +192,7 @@ class JobQueue:
             tmp = out.with_name(f".{out.name}.tmp.onnx")
             try:
                 done = subprocess.run(
-                    [sys.executable, "-m", "mpsearch._serve_worker", "export", str(run_dir),
+                    [sys.executable, "-m", "mpsearch.serve._worker", "export", str(run_dir),
                      str(point), str(tmp)], capture_output=True, timeout=_EXPORT_TIMEOUT_S,
                     env=_env(), check=False)
             except subprocess.TimeoutExpired as e:
@@ -234,7 +234,7 @@ class JobQueue:
         self._set(job.id, state="running", started=_now())
         with (run_dir / "job.log").open("ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "mpsearch._serve_worker", str(run_dir)],
+                [sys.executable, "-m", "mpsearch.serve._worker", str(run_dir)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=_env(),
                 start_new_session=True)
         with contextlib.suppress(OSError, AttributeError):

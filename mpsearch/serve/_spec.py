@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from mpsearch._serve_store import UploadError
 from mpsearch.errors import MpsearchError
+from mpsearch.serve._store import UploadError
 from mpsearch.spec import METHODS
 
 __all__ = ["GRANULARITY_CHOICES", "KINDS", "JobConfig", "cli_commands", "image_options",

@@ -1,4 +1,4 @@
-"""One ``mpsearch serve`` job, run in its own process: ``python -m mpsearch._serve_worker``.
+"""One ``mpsearch serve`` job, run in its own process: ``python -m mpsearch.serve._worker``.
 
 Consumes a run directory prepared by :mod:`mpsearch._serve_jobs` (``job.json`` with the kind,
 ``spec.yaml`` with everything else); produces the same run directory the CLI writes, through

@@ -1,0 +1,73 @@
+"""Node-level analysis: sensitivity, distributions and the node-by-node curve."""
+
+from __future__ import annotations
+
+from mpsearch.analysis._analysis import (
+    Analysis,
+    CurvePoint,
+    analyze,
+    measure_curve,
+    write_analysis,
+)
+from mpsearch.analysis._distributions import (
+    BINS,
+    STAT_COLUMNS,
+    STAT_FIELDS,
+    FlagRules,
+    NodeDistribution,
+    TensorDistribution,
+    analyze_distributions,
+    tensor_flags,
+)
+from mpsearch.analysis._sensitivity import (
+    CLASSES,
+    Measurement,
+    Measurer,
+    NodeSensitivity,
+    RestoreGain,
+    Thresholds,
+    assignment_key,
+    kendall_tau,
+    lower_formats,
+    measure_proxy,
+    measure_reverse,
+    measure_sensitivity,
+    node_model,
+    output_kl,
+    rank_sensitivity,
+    severity,
+    worsening,
+)
+
+__all__ = [
+    "Analysis",
+    "BINS",
+    "CLASSES",
+    "CurvePoint",
+    "FlagRules",
+    "Measurement",
+    "Measurer",
+    "NodeDistribution",
+    "NodeSensitivity",
+    "RestoreGain",
+    "STAT_COLUMNS",
+    "STAT_FIELDS",
+    "TensorDistribution",
+    "Thresholds",
+    "analyze",
+    "analyze_distributions",
+    "assignment_key",
+    "kendall_tau",
+    "lower_formats",
+    "measure_curve",
+    "measure_proxy",
+    "measure_reverse",
+    "measure_sensitivity",
+    "node_model",
+    "output_kl",
+    "rank_sensitivity",
+    "severity",
+    "tensor_flags",
+    "worsening",
+    "write_analysis",
+]

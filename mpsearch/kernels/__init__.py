@@ -1,0 +1,58 @@
+"""Numba kernels for streaming statistics and fake quantization (the only numba importer);
+a NumPy twin beside each kernel."""
+
+from __future__ import annotations
+
+from mpsearch.kernels._kernels import (
+    abs_histogram,
+    entropy_divergences,
+    entropy_divergences_numpy,
+    entropy_threshold,
+    entropy_threshold_numpy,
+    error_stats,
+    error_stats_numpy,
+    fake_quantize,
+    fake_quantize_numpy,
+    fake_quantize_per_channel,
+    fake_quantize_per_channel_numpy,
+    histogram_merge,
+    histogram_merge_numpy,
+    histogram_rebin,
+    histogram_rebin_numpy,
+    mse_threshold,
+    mse_threshold_numpy,
+    percentile_range,
+    percentile_range_numpy,
+    range_mse,
+    range_mse_numpy,
+    set_threads,
+    tensor_stats,
+    tensor_stats_numpy,
+)
+
+__all__ = [
+    "abs_histogram",
+    "entropy_divergences",
+    "entropy_divergences_numpy",
+    "entropy_threshold",
+    "entropy_threshold_numpy",
+    "error_stats",
+    "error_stats_numpy",
+    "fake_quantize",
+    "fake_quantize_numpy",
+    "fake_quantize_per_channel",
+    "fake_quantize_per_channel_numpy",
+    "histogram_merge",
+    "histogram_merge_numpy",
+    "histogram_rebin",
+    "histogram_rebin_numpy",
+    "mse_threshold",
+    "mse_threshold_numpy",
+    "percentile_range",
+    "percentile_range_numpy",
+    "range_mse",
+    "range_mse_numpy",
+    "set_threads",
+    "tensor_stats",
+    "tensor_stats_numpy",
+]

@@ -1,0 +1,15 @@
+"""``mpsearch serve``: the local Starlette web interface and its background jobs."""
+
+from __future__ import annotations
+
+from mpsearch.serve._app import (
+    ServeConfig,
+    bundled_files,
+    create_app,
+)
+
+__all__ = [
+    "ServeConfig",
+    "bundled_files",
+    "create_app",
+]
