@@ -75,7 +75,7 @@ from _results import load_sibling, publish  # noqa: E402
 from mpsearch.assignment import make_assignment, uniform_assignment  # noqa: E402
 from mpsearch.evaluate import Evaluator  # noqa: E402
 from mpsearch.graph import ModelGraph  # noqa: E402
-from mpsearch.pipeline import Prepared, prepare  # noqa: E402
+from mpsearch.pipeline import Prepared, prepare_inputs  # noqa: E402
 from mpsearch.quantize import Quantizer  # noqa: E402
 from mpsearch.runtime import Session, create_session  # noqa: E402
 
@@ -323,8 +323,9 @@ def run_case(case: Case, work: Path, *, profile_build: bool) -> Row:
     row = Row(name=case.name, group=case.group)
     source = _model_path(case, work)
     start = time.perf_counter()
-    prepared = prepare(source, PROFILE, case.data, calibration_samples=case.calibration_samples,
-                       method=METHOD, seed=SEED, threads=THREADS)
+    prepared = prepare_inputs(source, PROFILE, case.data,
+                              calibration_samples=case.calibration_samples, method=METHOD,
+                              seed=SEED, threads=THREADS)
     row.calibrate_s = time.perf_counter() - start
     if case.validation_samples is not None:
         prepared = replace(prepared, validation=prepared.validation.take(case.validation_samples))

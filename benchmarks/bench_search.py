@@ -29,11 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results.py
 
 from _results import load_sibling  # noqa: E402
 
+from mpsearch.analysis import Measurer  # noqa: E402
 from mpsearch.assignment import make_assignment, model_size, uniform_assignment  # noqa: E402
 from mpsearch.data import Dataset, load_data  # noqa: E402
-from mpsearch.evaluate import Evaluator  # noqa: E402
-from mpsearch.pipeline import Prepared, prepare  # noqa: E402
-from mpsearch.quantize import Quantizer  # noqa: E402
+from mpsearch.pipeline import Prepared, prepare_inputs  # noqa: E402
 from mpsearch.search._seeds import group_nodes  # noqa: E402
 from mpsearch.search._study import _Objective, run_search  # noqa: E402
 from mpsearch.spec import SearchSpec  # noqa: E402
@@ -77,41 +76,45 @@ def _spec(prepared: Prepared, trials: int, sampler: str, seed: int, seeding: boo
                       objectives=("metric", "size"))
 
 
-def run_optuna(prepared: Prepared, evaluator: Evaluator, method: str, budget: int, seed: int,
-               tmp: Path) -> Run:
+def _measurer(prepared: Prepared) -> Measurer:
+    """A fresh measurer (an empty cache: every method pays for its own evaluations)."""
+    return Measurer(prepared.quantizer(), prepared.validation)
+
+
+def run_optuna(prepared: Prepared, method: str, budget: int, seed: int, tmp: Path) -> Run:
     sampler, seeding = {"ours": ("auto", True), "random": ("random", False),
                         "tpe": ("tpe", False), "nsga2": ("nsga2", False)}[method]
     storage = tmp / f"{method}{seed}.log"
     start = time.perf_counter()
     spec = _spec(prepared, budget, sampler, seed, seeding, storage)
+    measurer, summary = _measurer(prepared), prepared.summary
     if not seeding:
-        result = run_search(prepared, spec, evaluator=evaluator, run_dir=tmp)
+        result = run_search(measurer, summary, spec, run_dir=tmp)
         evaluations, timing = result.evaluations, dict(result.timing)
     else:  # the sensitivity measurements come out of the same budget: take them (and one
         # trial) first, then resume the study with the trials that are left
-        first = run_search(prepared, dataclasses.replace(spec, trials=1), evaluator=evaluator,
-                           run_dir=tmp)
+        first = run_search(measurer, summary, dataclasses.replace(spec, trials=1), run_dir=tmp)
         left = budget - (first.evaluations - 1)
-        result = run_search(prepared, dataclasses.replace(spec, trials=max(left, 1)),
-                            evaluator=evaluator, run_dir=tmp, resume=True)
+        result = run_search(measurer, summary, dataclasses.replace(spec, trials=max(left, 1)),
+                            run_dir=tmp, resume=True)
         evaluations = first.evaluations + result.evaluations
         timing = {k: first.timing.get(k, 0.0) + v for k, v in result.timing.items()}
     points = [(r.metric, float(r.size)) for r in result.trials if r.metric is not None]
     return Run(method, seed, points, evaluations, time.perf_counter() - start, timing)
 
 
-def run_greedy(prepared: Prepared, evaluator: Evaluator, budget: int) -> Run:
+def run_greedy(prepared: Prepared, budget: int) -> Run:
     """AIMET-style: measure each group's sensitivity, start all-lowest, promote the most
     sensitive group one format up at a time, evaluating every step (same budget)."""
     graph, profile = prepared.graph, prepared.profile
     groups = group_nodes(graph, profile)
     spec = SearchSpec(model="-", profile=profile.name, data="-", trials=1)
-    objective = _Objective(prepared, spec, groups, evaluator, None, None)
+    measurer = _measurer(prepared)
+    objective = _Objective(measurer, prepared.summary, spec, groups, None, None)
     start = time.perf_counter()
-    costs = objective.measure_costs(progress=False)
+    costs = objective.measure_costs(progress=None)
     level = {g.name: 0 for g in groups}
     points: list[Point] = []
-    quantizer = Quantizer(graph, prepared.table, profile)
     evaluations = objective.evaluations
     order = sorted(groups, key=lambda g: costs[(g.name, g.formats[0])], reverse=True)
     queue = [g for g in order for _ in g.formats[1:]]
@@ -122,19 +125,19 @@ def run_greedy(prepared: Prepared, evaluator: Evaluator, budget: int) -> Run:
             level[group.name] += 1
         formats = {n: g.formats[level[g.name]] for g in groups for n in g.nodes}
         assignment = make_assignment(graph, profile, formats)
-        metric = evaluator.evaluate(quantizer.build(assignment)).value
+        metric = measurer.measure(assignment).value
         evaluations += 1
         points.append((metric, float(model_size(graph, profile, assignment))))
     return Run("greedy", 0, points, evaluations, time.perf_counter() - start)
 
 
-def run_uniform(prepared: Prepared, evaluator: Evaluator) -> Run:
+def run_uniform(prepared: Prepared) -> Run:
     graph, profile = prepared.graph, prepared.profile
-    quantizer = Quantizer(graph, prepared.table, profile)
+    measurer = _measurer(prepared)
     points = []
     for fmt in profile.formats:
         assignment = uniform_assignment(graph, profile, fmt)
-        metric = evaluator.evaluate(quantizer.build(assignment)).value
+        metric = measurer.measure(assignment).value
         points.append((metric, float(model_size(graph, profile, assignment))))
     return Run("uniform", 0, points, len(points), 0.0)
 
@@ -152,17 +155,16 @@ def model_inputs(names: Sequence[str], real: bool) -> list[tuple[str, Path, Data
 
 def bench_model(name: str, path: Path, data: Dataset, budget: int, seeds: Sequence[int],
                 reference_trials: int) -> dict[str, object]:
-    prepared = prepare(path, "x86_ort", data, calibration_samples=64, seed=0)
-    evaluator = Evaluator(prepared.graph, prepared.validation)
+    prepared = prepare_inputs(path, "x86_ort_auto", data, calibration_samples=64, seed=0)
     fp32_size = float(model_size(prepared.graph, prepared.profile, {}))
-    runs: list[Run] = [run_uniform(prepared, evaluator), run_greedy(prepared, evaluator, budget)]
+    runs: list[Run] = [run_uniform(prepared), run_greedy(prepared, budget)]
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:
             for method in ("ours", "random", "tpe", "nsga2"):
-                runs.append(run_optuna(prepared, evaluator, method, budget, seed, Path(tmp)))
-        long = run_optuna(prepared, evaluator, "ours", reference_trials, 1234, Path(tmp))
+                runs.append(run_optuna(prepared, method, budget, seed, Path(tmp)))
+        long = run_optuna(prepared, "ours", reference_trials, 1234, Path(tmp))
     pooled = pareto([p for r in [*runs, long] for p in r.points])
-    fp32_metric = evaluator.fp32().value
+    fp32_metric = _measurer(prepared).fp32().value
     ref_metric = min(p[0] for r in runs for p in r.points) - 1e-3
     reference = hypervolume(pooled, ref_metric, fp32_size * 1.01)
     rows = {}

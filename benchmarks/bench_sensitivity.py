@@ -45,10 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results.py
 
 from _results import load_sibling, publish  # noqa: E402
 
-from mpsearch.analysis._analysis import Analysis, analyze  # noqa: E402
-from mpsearch.analysis._sensitivity import kendall_tau  # noqa: E402
+from mpsearch.analysis import Analysis, kendall_tau  # noqa: E402
 from mpsearch.data import load_data  # noqa: E402
-from mpsearch.pipeline import prepare  # noqa: E402
+from mpsearch.pipeline import analyze_prepared, prepare_inputs  # noqa: E402
 
 SECTION = "## Sensitivity"
 PROFILE = "x86_ort"
@@ -99,16 +98,17 @@ def run_model(name: str, model: Path, data: Path, out: Path, limit: int | None,
         for folder in (out / name, out / f"{name}-proxy"):
             shutil.rmtree(folder, ignore_errors=True)
     LOG.info("%s: preparing", name)
-    prepared = prepare(model, PROFILE, load_data(data), cache_dir=out / name / "calibration")
+    prepared = prepare_inputs(model, PROFILE, load_data(data),
+                              cache_dir=out / name / "calibration")
     start = time.perf_counter()
-    e2e = analyze(prepared, limit=limit, run_dir=out / name, progress=True)
+    e2e = analyze_prepared(prepared, out / name, samples=limit)
     seconds = time.perf_counter() - start
     start = time.perf_counter()
-    proxy = analyze(prepared, proxy=True, proxy_samples=PROXY_SAMPLES, limit=limit,
-                    run_dir=out / f"{name}-proxy", distributions=False)
+    proxy = analyze_prepared(prepared, out / f"{name}-proxy", proxy=True,
+                             proxy_samples=PROXY_SAMPLES, samples=limit, distributions=False)
     proxy_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    again = analyze(prepared, limit=limit, run_dir=out / name)
+    again = analyze_prepared(prepared, out / name, samples=limit)
     rerun = time.perf_counter() - start
     assert again.evaluations == 0, "the rerun should read every measurement from the cache"
     tau_rank, tau_sqnr = _taus(e2e, proxy)

@@ -30,14 +30,15 @@ from mpsearch._io import atomic_write
 from mpsearch.data import Dataset, check_finite, check_signature
 from mpsearch.errors import CalibrationError
 from mpsearch.graph import ModelGraph
+from mpsearch.progress import Progress, Reporter
 from mpsearch.runtime import create_session
+from mpsearch.spec import METHODS
 
 __all__ = ["METHODS", "CalibrationTable", "TensorStats", "WeightStats", "calibrate",
            "calibrate_cached", "load_table", "weight_stats"]
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("minmax", "percentile", "entropy", "mse")
 TABLE_JSON = "calibration.json"
 TABLE_NPZ = "calibration.npz"
 _FORMAT = 1
@@ -306,7 +307,7 @@ def _fixed_batch(graph: ModelGraph) -> int | None:
 
 def calibrate(
     graph: ModelGraph, data: Dataset, *, batch_size: int = 32, bins: int = 2048,
-    threads: int = 2, progress: bool = False, method: str = "minmax",
+    threads: int = 2, progress: Reporter | None = None, method: str = "minmax",
     percentile: float = 99.999, optimize: bool = True,
 ) -> CalibrationTable:
     """Run ``data`` through ``graph`` once and collect every activation's statistics.
@@ -341,26 +342,25 @@ def calibrate(
     kernels.set_threads(threads)
     collectors = {t: _Collector(bins) for t in tensors}
     start = time.perf_counter()
-    from tqdm import tqdm  # progress bar only
-
-    with tqdm(total=len(data), unit="sample", desc="calibrate", disable=not progress,
-              leave=False) as bar:
-        for index, feeds in enumerate(data.batches(size)):
-            n = len(next(iter(feeds.values())))
-            if fixed and n < fixed:
-                logger.warning("skipping the last %d sample(s): the model's batch is fixed "
-                               "to %d", n, fixed)
-                break
-            check_finite(feeds, source=data.source, batch=index, batch_size=size)
-            outputs = session.run(feeds, exposed) if exposed else {}
-            for name, collector in collectors.items():
-                value = feeds[name] if name in inputs else outputs[name]
-                if not collector.add(value):
-                    raise CalibrationError(
-                        f"{graph.name}: tensor '{name}' holds NaN or Inf in batch {index} "
-                        f"(samples {index * size}-{index * size + n - 1}) although the inputs "
-                        "are finite; the model overflows on this data, check it in float32")
-            bar.update(n)
+    seen = 0
+    for index, feeds in enumerate(data.batches(size)):
+        n = len(next(iter(feeds.values())))
+        if fixed and n < fixed:
+            logger.warning("skipping the last %d sample(s): the model's batch is fixed to %d",
+                           n, fixed)
+            break
+        check_finite(feeds, source=data.source, batch=index, batch_size=size)
+        outputs = session.run(feeds, exposed) if exposed else {}
+        for name, collector in collectors.items():
+            value = feeds[name] if name in inputs else outputs[name]
+            if not collector.add(value):
+                raise CalibrationError(
+                    f"{graph.name}: tensor '{name}' holds NaN or Inf in batch {index} "
+                    f"(samples {index * size}-{index * size + n - 1}) although the inputs "
+                    "are finite; the model overflows on this data, check it in float32")
+        seen += n
+        if progress is not None:
+            progress(Progress(stage="calibrate", done=seen, total=len(data), unit="sample"))
     logger.info("calibrated %d tensors on %d samples in %.2f s", len(tensors), len(data),
                 time.perf_counter() - start)
     return CalibrationTable(

@@ -142,11 +142,14 @@ class Dataset:
             self._cache["sha"] = digest.hexdigest()[:16]
         return self._cache["sha"]
 
-    def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
-        """Input dicts of ``batch_size`` samples each (views, not copies)."""
+    def batches(self, batch_size: int, *, start: int = 0, stop: int | None = None
+                ) -> Iterator[dict[str, np.ndarray]]:
+        """Input dicts of ``batch_size`` samples each (views, not copies), of the samples
+        ``start`` to ``stop`` (all by default)."""
         size = _positive(batch_size, "batch size")
-        for start in range(0, len(self), size):
-            yield {name: a[start:start + size] for name, a in self.inputs.items()}
+        end = len(self) if stop is None else min(stop, len(self))
+        for first in range(start, end, size):
+            yield {name: a[first:min(first + size, end)] for name, a in self.inputs.items()}
 
     def label_batches(self, batch_size: int) -> Iterator[np.ndarray]:
         """Label slices matching :meth:`batches`."""

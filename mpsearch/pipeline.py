@@ -1,37 +1,72 @@
-"""The one place where the stages are composed: model + profile + data -> prepared inputs.
+"""The one place where the stages are composed; the CLI and the web server call only this.
 
-Consumes an ONNX model, a hardware profile and a data source; produces a frozen
-:class:`Prepared` holding the normalized graph, its summary, the profile, the seeded
-calibration / validation split and the calibration table (loaded from ``cache_dir`` when its
-fingerprints match, else computed once and saved there). Every later stage (quantize, analyze,
-search, export) starts from it.
+``prepare`` loads and checks a spec's model, profile and data, splits the data and calibrates
+once (cached in the run directory); ``analyze_run``, ``search_run``, ``export_point`` and
+``quantize_one`` compose the stages after it, each with one shared
+:class:`~mpsearch.analysis.Measurer` per data split, and write the run directory through
+:class:`~mpsearch.rundir.RunDir`. The stages themselves take (graph, profile, table, data) and
+know nothing of specs, run directories or each other.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import onnx
 
+from mpsearch import __version__
 from mpsearch._io import write_json, write_model
+from mpsearch.analysis import (
+    SCHEMA,
+    STAT_COLUMNS,
+    Analysis,
+    CurvePoint,
+    Measurer,
+    NodeSensitivity,
+    RestoreGain,
+    Thresholds,
+    analyze,
+)
+from mpsearch.assignment import (
+    Assignment,
+    estimate_latency,
+    load_assignment,
+    make_assignment,
+    model_size,
+    uniform_assignment,
+)
 from mpsearch.calibration import CalibrationTable, calibrate, calibrate_cached
 from mpsearch.data import Dataset, check_signature, load_data
-from mpsearch.errors import DataError
+from mpsearch.errors import DataError, QuantizationError, SearchError, SpecError
+from mpsearch.evaluate import Evaluation, Evaluator
 from mpsearch.graph import ModelGraph, load_model
 from mpsearch.profiles import HardwareProfile, check_profile_for_cpu, load_profile
+from mpsearch.progress import Reporter
+from mpsearch.quantize import Quantizer
+from mpsearch.rundir import Baseline, Front, FrontPoint, RunDir
+from mpsearch.runtime import create_session, ort_version
+from mpsearch.search import SearchResult, TrialRecord, group_nodes, run_search, seed_assignments
+from mpsearch.spec import SearchSpec, load_spec
 from mpsearch.summary import ModelSummary, summarize
 
-__all__ = ["Prepared", "prepare", "split_data", "write_json", "write_model"]
+__all__ = ["BuiltModel", "DryRun", "Prepared", "SearchRun",
+           "analyze_prepared", "analyze_run", "calibrate_model", "dry_run", "evaluate_model",
+           "export_point", "prepare", "prepare_inputs", "quantize_one", "search_run",
+           "split_data", "write_analysis", "write_model"]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Prepared:
-    """Everything the quantization stages share, computed once."""
+    """Everything the stages share, computed once: the composer's own record."""
 
     graph: ModelGraph
     summary: ModelSummary
@@ -40,6 +75,9 @@ class Prepared:
     validation: Dataset
     table: CalibrationTable
     method: str
+
+    def quantizer(self) -> Quantizer:
+        return Quantizer(self.graph, self.table, self.profile, method=self.method)
 
 
 def split_data(data: Dataset, calibration_samples: int, seed: int) -> tuple[Dataset, Dataset]:
@@ -51,7 +89,7 @@ def split_data(data: Dataset, calibration_samples: int, seed: int) -> tuple[Data
     return data.split(count / len(data), seed)
 
 
-def prepare(
+def prepare_inputs(
     model: str | os.PathLike[str] | onnx.ModelProto | ModelGraph,
     profile: str | os.PathLike[str] | HardwareProfile,
     data: str | os.PathLike[str] | Dataset,
@@ -62,9 +100,10 @@ def prepare(
     batch_size: int = 32,
     threads: int = 2,
     cache_dir: str | os.PathLike[str] | None = None,
-    progress: bool = False,
+    progress: Reporter | None = None,
 ) -> Prepared:
-    """Load and check the inputs, split the data and calibrate once (or load the cache)."""
+    """Load and check the inputs (objects or paths), split the data and calibrate once (or
+    load the table cached in ``cache_dir``)."""
     graph = model if isinstance(model, ModelGraph) else load_model(model)
     hw = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
     dataset = data if isinstance(data, Dataset) else load_data(data)
@@ -83,3 +122,346 @@ def prepare(
     logger.info("calibrated %d tensors on %d samples", len(table.tensors), len(calib))
     return Prepared(graph=graph, summary=summarize(graph), profile=hw, calibration=calib,
                     validation=valid, table=table, method=method)
+
+
+def prepare(spec: SearchSpec, run_dir: RunDir | str | Path | None = None, *,
+            progress: Reporter | None = None) -> Prepared:
+    """:func:`prepare_inputs` of a spec; the calibration table is cached in ``run_dir``."""
+    run = None if run_dir is None else _rundir(run_dir)
+    return prepare_inputs(spec.model, spec.profile, spec.data,
+                          calibration_samples=spec.calibration_samples, method=spec.method,
+                          seed=spec.data_seed, batch_size=spec.batch_size,
+                          threads=spec.threads,
+                          cache_dir=None if run is None else run.calibration, progress=progress)
+
+
+def _rundir(run_dir: RunDir | str | Path) -> RunDir:
+    return run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+
+
+def _splits(prepared: Prepared, spec: SearchSpec) -> tuple[Dataset, Dataset]:
+    """(search, held-out) from the validation data; held-out is never searched on."""
+    validation = prepared.validation
+    if spec.held_out <= 0 or len(validation) < 2:
+        return validation, validation
+    return validation.split(1.0 - spec.held_out, spec.data_seed)
+
+
+def _measurer(prepared: Prepared, data: Dataset, run: RunDir | None, name: str, *,
+              metric: str | None, batch_size: int, threads: int) -> Measurer:
+    """The measurer of one data split, its cache in ``run`` keyed by every input it depends on."""
+    profile_text = json.dumps(prepared.profile.to_dict(), sort_keys=True, default=str)
+    key = {"mpsearch": __version__, "split": name, "model": prepared.graph.fingerprint,
+           "table": prepared.table.data_fingerprint, "data": data.fingerprint,
+           "samples": len(data), "profile": prepared.profile.name,
+           "profile_digest": hashlib.sha256(profile_text.encode()).hexdigest()[:16],
+           "method": prepared.method, "metric": metric, "onnxruntime": ort_version()}
+    cache = None if run is None else run.measurement_cache(key)
+    return Measurer(prepared.quantizer(), data, metric=metric, batch_size=batch_size,
+                    threads=threads, cache=cache, on_new=None if cache is None else cache.changed)
+
+
+def _spec_measurer(prepared: Prepared, spec: SearchSpec, data: Dataset, run: RunDir | None,
+                   name: str) -> Measurer:
+    return _measurer(prepared, data, run, name, metric=spec.metric,
+                     batch_size=spec.batch_size, threads=spec.threads)
+
+
+def _flush(measurer: Measurer) -> None:
+    flush = getattr(measurer.cache, "flush", None)
+    if flush is not None:
+        flush()
+
+
+def _write_inputs(run: RunDir, spec: SearchSpec, prepared: Prepared, kind: str) -> None:
+    run.create()
+    run.spec_yaml.write_text(spec.to_yaml(), encoding="utf-8")
+    run.write_inputs(spec=spec.to_dict(), summary=prepared.summary.to_dict(),
+                     profile=prepared.profile.to_dict(),
+                     run={"kind": kind, "model": spec.model, "profile": spec.profile,
+                          "resolved_profile": prepared.profile.name, "data": spec.data,
+                          "spec": spec.path, "mpsearch": __version__,
+                          "onnxruntime": ort_version()})
+
+
+def write_analysis(run: RunDir, analysis: Analysis, prepared: Prepared) -> None:
+    """The analysis files of ``analysis`` (see the README's "Run directory")."""
+    data = analysis.to_dict()
+    orders: dict[str, list[dict[str, Any]]] = {}
+    for point in analysis.curve:
+        orders.setdefault(point.order, []).append(point.to_dict())
+    curve = {"schema": SCHEMA, "metric": analysis.metric,
+             "higher_is_better": analysis.higher_is_better,
+             "fp32_metric": analysis.fp32.get(analysis.metric),
+             "fp32_size": model_size(prepared.graph, prepared.profile, {}), "orders": orders}
+    distributions = {"schema": SCHEMA, "nodes": [d.to_dict() for d in analysis.distributions]}
+    run.write_analysis(data, curve=curve, distributions=distributions, tables={
+        "sensitivity": (list(NodeSensitivity.__dataclass_fields__), data["nodes"]),
+        "reverse": (list(RestoreGain.__dataclass_fields__), data["reverse"]["rows"]),
+        "curve": (list(CurvePoint.__dataclass_fields__), [p.to_dict() for p in analysis.curve]),
+        "distributions": (list(STAT_COLUMNS),
+                          [r for d in analysis.distributions for r in d.rows()]),
+    })
+
+
+# -- analyze ---------------------------------------------------------------------------------
+def analyze_prepared(
+    prepared: Prepared, run_dir: RunDir | str | Path | None = None, *,
+    data: Dataset | None = None, metric: str | None = None, samples: int | None = None,
+    batch_size: int = 64, threads: int = 2, progress: Reporter | None = None,
+    **options: Any,
+) -> Analysis:
+    """:func:`mpsearch.analyze` of ``prepared`` on ``data`` (the validation split by default),
+    its first ``samples`` samples; with ``run_dir``, measurements are cached there and the
+    analysis files written. ``options`` go to :func:`mpsearch.analyze`."""
+    run = None if run_dir is None else _rundir(run_dir).create()
+    dataset = prepared.validation if data is None else data
+    measurer = _measurer(prepared, dataset, run, "validation", metric=metric,
+                         batch_size=batch_size, threads=threads)
+    try:
+        analysis = analyze(measurer, samples=samples, progress=progress, **options)
+    finally:
+        _flush(measurer)
+    if run is not None:
+        write_json(run.summary_json, prepared.summary.to_dict())
+        write_json(run.profile_json, prepared.profile.to_dict())
+        write_analysis(run, analysis, prepared)
+    return analysis
+
+
+def analyze_run(
+    spec: SearchSpec, run_dir: RunDir | str | Path, *, proxy: bool = False,
+    reverse: bool | None = None, curve: bool | None = None,
+    thresholds: Thresholds | None = None, progress: Reporter | None = None,
+) -> Analysis:
+    """``mpsearch analyze``: prepare, analyze the validation split (its first
+    ``spec.sensitivity_limit`` samples) and write the run directory."""
+    run = _rundir(run_dir).create()
+    prepared = prepare(spec, run, progress=progress)
+    _write_inputs(run, spec, prepared, "analysis")
+    return analyze_prepared(prepared, run, metric=spec.metric, samples=spec.sensitivity_limit,
+                            batch_size=spec.batch_size, threads=spec.threads,
+                            progress=progress, formats=spec.formats, proxy=proxy,
+                            reverse=reverse, curve=curve, thresholds=thresholds)
+
+
+# -- search ----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchRun:
+    """A finished search: where it was written, the study's result and the re-measured front."""
+
+    run_dir: Path
+    result: SearchResult
+    front: Front
+    analysis: Analysis | None
+    measured: tuple[str, ...]
+
+
+def search_run(
+    spec: SearchSpec, run_dir: RunDir | str | Path, *, resume: bool = False,
+    progress: Reporter | None = None,
+) -> SearchRun:
+    """Prepare, analyze (when ``spec.analysis``), search and re-measure the front on held-out
+    data, through one measurer per split; write the run directory."""
+    run = _rundir(run_dir).create()
+    prepared = prepare(spec, run, progress=progress)
+    _write_inputs(run, spec, prepared, "search")
+    search_data, held_data = _splits(prepared, spec)
+    measurer = _spec_measurer(prepared, spec, search_data, run, "search")
+    try:
+        analysis = None
+        if spec.analysis:  # the report's node-level views; the search reuses every row
+            analysis = analyze(measurer, formats=spec.formats, samples=spec.sensitivity_limit,
+                               progress=progress)
+            write_analysis(run, analysis, prepared)
+        result = run_search(measurer, prepared.summary, spec, run_dir=run.path, resume=resume,
+                            progress=progress)
+    finally:
+        _flush(measurer)
+    held = _spec_measurer(prepared, spec, held_data, run, "held-out")
+    try:
+        front = _held_out_front(prepared, spec, result, held, measurer)
+    finally:
+        _flush(held)
+    run.write_front(front)
+    run.write_trials([[r.trial, r.state, r.metric, r.size, _relative(r.latency, front.fp32),
+                       r.source] for r in result.trials])
+    return SearchRun(run_dir=run.path, result=result, front=front, analysis=analysis,
+                     measured=tuple(measurer.measured))
+
+
+def _relative(latency: float | None, fp32: Baseline) -> float | None:
+    return None if latency is None or not fp32.latency_abs else latency / fp32.latency_abs
+
+
+def _held_out_front(prepared: Prepared, spec: SearchSpec, result: SearchResult,
+                    held: Measurer, searched_by: Measurer) -> Front:
+    graph, profile, summary = prepared.graph, prepared.profile, prepared.summary
+    fp32_latency = estimate_latency(graph, summary, profile, {})
+    fp32 = Baseline(metric=held.fp32().value, size=model_size(graph, profile, {}),
+                    latency=1.0 if fp32_latency else None, latency_abs=fp32_latency)
+    int8 = uniform_assignment(graph, profile, profile.lowest_formats()[0])
+    searched = {n for g in group_nodes(graph, profile, spec.formats) for n in g.nodes}
+    points = []
+    for index, record in enumerate(result.front):
+        assignment = make_assignment(graph, profile, record.assignment)
+        points.append(_point(record, index, held.measure(assignment).metrics,
+                             held.evaluator.primary.name, int8, searched,
+                             _relative(estimate_latency(graph, summary, profile, assignment),
+                                       fp32)))
+    uniform = {}
+    for fmt in profile.formats:
+        if fmt == profile.default_format:
+            continue
+        try:
+            assignment = uniform_assignment(graph, profile, fmt)
+        except QuantizationError:  # a format no node may take
+            continue
+        uniform[fmt] = Baseline(
+            metric=held.measure(assignment).value, size=model_size(graph, profile, assignment),
+            latency=_relative(estimate_latency(graph, summary, profile, assignment), fp32))
+    return Front(metric=searched_by.evaluator.primary.name,
+                 higher_is_better=searched_by.higher_is_better, objectives=spec.objectives,
+                 fp32=fp32, uniform=uniform, points=tuple(points),
+                 evaluations=result.evaluations, seconds=result.seconds, timing=result.timing)
+
+
+def _point(record: TrialRecord, index: int, metrics: Mapping[str, float], primary: str,
+           int8: Mapping[str, str], searched: set[str], latency: float | None) -> FrontPoint:
+    counts: dict[str, int] = {}
+    for node, fmt in record.assignment.items():
+        if node in searched:
+            counts[fmt] = counts.get(fmt, 0) + 1
+    return FrontPoint(
+        index=index, trial=record.trial, metric=metrics[primary], search_metric=record.metric,
+        size=record.size, latency=latency, metrics=dict(metrics),
+        assignment=dict(record.assignment), counts=counts,
+        differs_from_int8=tuple(sorted(n for n, f in record.assignment.items()
+                                       if int8.get(n) != f)),
+        source=record.source)
+
+
+# -- export and quantize ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuiltModel:
+    """A QDQ model written to ``path`` and measured against FP32 on held-out data: metrics,
+    weight bytes and the median batch-1 latency of both. ``point`` is the front point it
+    was exported from, if any."""
+
+    path: Path
+    assignment: Assignment
+    evaluation: Evaluation
+    fp32: Evaluation
+    size: int
+    fp32_size: int
+    latency_s: float
+    fp32_latency_s: float
+    point: FrontPoint | None = None
+
+
+def _build(prepared: Prepared, assignment: Assignment, out: str | Path, data: Dataset,
+           spec: SearchSpec, point: FrontPoint | None = None) -> BuiltModel:
+    """Build, check and write ``assignment``, then measure the written file on ``data``."""
+    model = prepared.quantizer().build(assignment)
+    onnx.checker.check_model(model)
+    write_model(out, model)
+    evaluator = Evaluator(prepared.graph, data, metric=spec.metric,
+                          batch_size=spec.batch_size, threads=spec.threads)
+    feeds = next(iter(data.batches(1)))
+    graph, profile = prepared.graph, prepared.profile
+    return BuiltModel(
+        path=Path(out), assignment=assignment, evaluation=evaluator.evaluate(onnx.load(str(out))),
+        fp32=evaluator.fp32(), size=model_size(graph, profile, assignment),
+        fp32_size=model_size(graph, profile, {}),
+        latency_s=evaluator.session(model).time_batch(feeds),
+        fp32_latency_s=evaluator.session(graph.model).time_batch(feeds), point=point)
+
+
+def _spec_of(run: RunDir) -> SearchSpec:
+    if not run.spec_yaml.is_file():
+        raise SearchError(f"{run.path}: not a finished search run (no {run.spec_yaml.name}); "
+                          "run `mpsearch search` first")
+    return load_spec(run.spec_yaml)
+
+
+def export_point(run_dir: RunDir | str | Path, point: int, out: str | Path) -> BuiltModel:
+    """Rebuild front point ``point`` of a finished run, write it, re-verify it on held-out data."""
+    run = _rundir(run_dir)
+    front = run.read_front()
+    if not 0 <= point < len(front.points):
+        raise SearchError(f"{run.path}: the front has points 0..{len(front.points) - 1}, got "
+                          f"point {point}")
+    spec = _spec_of(run)
+    prepared = prepare(spec, run)
+    chosen = front.points[point]
+    assignment = make_assignment(prepared.graph, prepared.profile, chosen.assignment)
+    return _build(prepared, assignment, out, _splits(prepared, spec)[1], spec, chosen)
+
+
+def quantize_one(spec: SearchSpec, out: str | Path, *, uniform: str | None = None,
+                 assignment: str | os.PathLike[str] | None = None,
+                 progress: Reporter | None = None) -> BuiltModel:
+    """``mpsearch quantize``: one QDQ model (``uniform`` format, or an assignment JSON file)
+    built, written and measured on the validation split against FP32."""
+    if (uniform is None) == (assignment is None):
+        raise SpecError("quantize: give exactly one of a uniform format or an assignment file")
+    graph, profile = load_model(spec.model), load_profile(spec.profile)
+    chosen = (uniform_assignment(graph, profile, uniform) if uniform is not None
+              else load_assignment(str(assignment), graph, profile))  # before any work
+    prepared = prepare_inputs(graph, profile, spec.data,
+                              calibration_samples=spec.calibration_samples, method=spec.method,
+                              seed=spec.data_seed, threads=spec.threads, progress=progress)
+    return _build(prepared, chosen, out, prepared.validation, spec)
+
+
+def calibrate_model(
+    model: str | os.PathLike[str], data: str | os.PathLike[str], out: str | os.PathLike[str], *,
+    samples: int | None = None, progress: Reporter | None = None, **options: Any,
+) -> CalibrationTable:
+    """``mpsearch calibrate``: one calibration pass over the first ``samples`` samples of
+    ``data`` (all by default), saved in ``out`` (or loaded from there when the model and data
+    match). ``options`` go to :func:`mpsearch.calibrate`."""
+    graph, dataset = load_model(model), load_data(data)
+    if samples is not None:
+        dataset = dataset.take(samples)
+    check_signature(dataset, graph)
+    return calibrate_cached(graph, dataset, out, progress=progress, **options)
+
+
+def evaluate_model(model: str | os.PathLike[str], data: str | os.PathLike[str], *,
+                   reference: str | os.PathLike[str] | None = None,
+                   metric: str | None = None) -> Evaluation:
+    """``mpsearch eval``: the metrics of ``model`` against the outputs of ``reference`` (the
+    model itself by default) on ``data``."""
+    evaluator = Evaluator(load_model(reference or model), load_data(data), metric=metric)
+    return evaluator.evaluate(load_model(model).model)
+
+
+# -- dry run ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DryRun:
+    """What a search would search: its dimensions and seeds (nothing evaluated)."""
+
+    dimensions: int
+    seeds: int
+    fp32_size: int
+    smallest_size: int
+
+
+def dry_run(spec: SearchSpec, run_dir: RunDir | str | Path) -> DryRun:
+    """Check a spec end to end without searching: load, calibrate, group, seed, build the
+    smallest seed and open it in ONNX Runtime."""
+    prepared = prepare(replace(spec, calibration_samples=min(spec.calibration_samples, 32)),
+                       run_dir)
+    graph, profile = prepared.graph, prepared.profile
+    groups = group_nodes(graph, profile, spec.formats)
+    if not groups:
+        raise SearchError(f"{spec.path}: no node of {graph.name} can take a quantized format "
+                          f"under profile '{profile.name}'; nothing to search")
+    seeds = seed_assignments(graph, profile, groups, {})
+    smallest = {node: g.formats[0] for g in groups for node in g.nodes}
+    model = prepared.quantizer().build(make_assignment(graph, profile, smallest))
+    create_session(model, threads=spec.threads)
+    return DryRun(dimensions=len(groups), seeds=len(seeds),
+                  fp32_size=model_size(graph, profile, {}),
+                  smallest_size=model_size(graph, profile, smallest))

@@ -16,19 +16,60 @@ Parsed once, strictly, at the edge: an unknown key is an error with the file, th
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from mpsearch._yaml import Section, load_yaml
 from mpsearch.errors import SpecError
 
-__all__ = ["SAMPLER_NAMES", "SearchSpec", "load_spec"]
+__all__ = ["METHODS", "OBJECTIVES", "SAMPLER_NAMES", "SearchSpec", "Thresholds", "load_spec"]
 
 SAMPLER_NAMES = ("auto", "tpe", "nsga2", "random")
 OBJECTIVES = ("metric", "size", "latency")
+#: Activation range methods of a calibration table (see :meth:`CalibrationTable.range`).
 METHODS = ("minmax", "percentile", "entropy", "mse")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Thresholds:
+    """When a (node, format) is classed ``high``, ``medium`` or ``low`` sensitivity.
+
+    ``high`` when its metric drop is at least ``high_drop`` or the model-output SQNR is below
+    ``high_sqnr`` dB; else ``medium`` when the drop is at least ``medium_drop`` or the SQNR is
+    below ``medium_sqnr``; else ``low``. Drops are in units of the primary metric (0.01 = one
+    accuracy point). In proxy mode the SQNR is the node's own output SQNR (there is no drop).
+    """
+
+    high_drop: float = 0.01
+    medium_drop: float = 0.002
+    high_sqnr: float = 20.0
+    medium_sqnr: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.medium_drop <= self.high_drop:
+            raise SpecError(f"thresholds: need 0 <= medium_drop <= high_drop, got medium_drop="
+                            f"{self.medium_drop}, high_drop={self.high_drop}; swap or fix them")
+        if self.high_sqnr > self.medium_sqnr:
+            raise SpecError(f"thresholds: need high_sqnr <= medium_sqnr (dB), got high_sqnr="
+                            f"{self.high_sqnr}, medium_sqnr={self.medium_sqnr}; swap them")
+
+    def classify(self, drop: float | None, sqnr: float | None) -> str:
+        """``low``, ``medium`` or ``high`` for a metric drop and an output SQNR (either None)."""
+        d = -math.inf if drop is None or math.isnan(drop) else drop
+        s = math.inf if sqnr is None or math.isnan(sqnr) else sqnr
+        if d >= self.high_drop or s < self.high_sqnr:
+            return "high"
+        if d >= self.medium_drop or s < self.medium_sqnr:
+            return "medium"
+        return "low"
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,6 +107,28 @@ class SearchSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def to_yaml(self) -> str:
+        """This spec as search-spec YAML that :func:`load_spec` reads back to an equal spec
+        (``path`` aside): paths are absolute, every setting is spelled out."""
+        tree: dict[str, Any] = {
+            "model": self.model, "profile": self.profile,
+            "data": {"source": self.data, "calibration": self.calibration_samples,
+                     "held_out": self.held_out, "seed": self.data_seed},
+            "metric": self.metric, "objectives": list(self.objectives),
+            "constraints": {"min_metric": self.min_metric,
+                            "max_metric_drop": self.max_metric_drop,
+                            "max_size_bytes": self.max_size_bytes,
+                            "memory_budget": self.use_memory_budget},
+            "budget": {"trials": self.trials, "timeout_s": self.timeout_s},
+            "sampler": self.sampler, "seed": self.seed, "storage": self.storage,
+            "study": self.study, "calibration": {"method": self.method},
+            "evaluation": {"batch_size": self.batch_size, "threads": self.threads,
+                           "chunks": self.chunks, "sensitivity_samples": self.sensitivity_limit},
+            "formats": None if self.formats is None else list(self.formats),
+            "analysis": self.analysis, "seeding": self.seeding, "explore": self.explore,
+        }
+        return yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
 
     def with_overrides(self, **changes: Any) -> SearchSpec:
         """A copy with the non-None ``changes`` applied (CLI flags)."""

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from mpsearch import calibration as cal
 from mpsearch import kernels
 from mpsearch.calibration import METHODS, calibrate, calibrate_cached, load_table, weight_stats
-from mpsearch.data import Dataset, load_data
+from mpsearch.data import Dataset
 from mpsearch.errors import CalibrationError, DataError
 from mpsearch.graph import ModelGraph, load_model
 
@@ -48,8 +48,9 @@ def _data(n: int, seed: int = 0, scale: float = 1.0) -> Dataset:
 
 
 @pytest.fixture(scope="module")
-def digits() -> Dataset:
-    return load_data(DIGITS).take(48)
+def digits(digits: Dataset) -> Dataset:
+    """The first 48 of the shared digits (conftest.py)."""
+    return digits.take(48)
 
 
 # ------------------------------------------------------------------ parity with ORT

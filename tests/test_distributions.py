@@ -18,7 +18,7 @@ from mpsearch.analysis import (
     tensor_flags,
 )
 from mpsearch.data import Dataset
-from mpsearch.pipeline import Prepared, prepare
+from mpsearch.pipeline import Prepared, prepare_inputs
 
 WIDE_CHANNEL = 3
 FACTOR = 200.0
@@ -45,7 +45,7 @@ def depthwise_model() -> onnx.ModelProto:
 
 def _prepare(method: str = "minmax") -> Prepared:
     x = np.random.default_rng(1).normal(size=(64, 8, 6, 6)).astype(np.float32)
-    return prepare(depthwise_model(), "x86_ort", Dataset(inputs={"x": x}, source="dw"),
+    return prepare_inputs(depthwise_model(), "x86_ort", Dataset(inputs={"x": x}, source="dw"),
                    calibration_samples=48, method=method)
 
 
@@ -56,7 +56,9 @@ def prepared() -> Prepared:
 
 @pytest.fixture(scope="module")
 def dists(prepared: Prepared) -> dict[str, NodeDistribution]:
-    return {d.node: d for d in analyze_distributions(prepared, formats=["int8", "int16"])}
+    return {d.node: d for d in analyze_distributions(
+        prepared.graph, prepared.profile, prepared.table, method=prepared.method,
+        formats=["int8", "int16"])}
 
 
 def test_every_quantizable_node_in_topological_order(dists: dict[str, NodeDistribution]
@@ -115,7 +117,9 @@ def test_symmetric_vs_asymmetric_error(dists: dict[str, NodeDistribution]) -> No
 
 
 def test_mse_ranges_clip_the_tail() -> None:
-    clipped = {d.node: d for d in analyze_distributions(_prepare("mse"), formats=["int8"])}
+    mse = _prepare("mse")
+    clipped = {d.node: d for d in analyze_distributions(mse.graph, mse.profile, mse.table,
+                                                        method=mse.method, formats=["int8"])}
     act = clipped["dw"].activation
     assert act is not None and act.stats["clipped"] > 0
     assert act.formats["int8"]["clipped"] == act.stats["clipped"]

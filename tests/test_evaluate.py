@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mpsearch.assignment import estimate_latency, make_assignment, uniform_assignment
-from mpsearch.data import Dataset, load_data
+from mpsearch.data import Dataset
 from mpsearch.errors import DataError, SpecError
 from mpsearch.evaluate import METRICS, Evaluator, resolve_metric
 from mpsearch.graph import load_model
@@ -18,11 +18,6 @@ from mpsearch.runtime import create_session
 from mpsearch.summary import summarize
 
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-@pytest.fixture(scope="module")
-def digits() -> Dataset:
-    return load_data(FIXTURES / "digits_eval.npz")
 
 
 def test_fp32_metrics_match_onnxruntime(digits: Dataset) -> None:

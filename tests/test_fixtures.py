@@ -145,9 +145,9 @@ def test_demo_int8_loss_is_quantization_error_on_every_cpu() -> None:
     enter; 16-bit activations on the four outlier tensors alone win it back at INT8 size."""
     from mpsearch import build_qdq, make_assignment, model_size, uniform_assignment
     from mpsearch.demo import DEMO_DATA, DEMO_MODEL
-    from mpsearch.pipeline import prepare
+    from mpsearch.pipeline import prepare_inputs
 
-    prepared = prepare(DEMO_MODEL, "x86_ort", DEMO_DATA, calibration_samples=128)
+    prepared = prepare_inputs(DEMO_MODEL, "x86_ort", DEMO_DATA, calibration_samples=128)
     graph, profile, table = prepared.graph, prepared.profile, prepared.table
     x, y = prepared.validation.inputs["input"], prepared.validation.labels
     assert y is not None

@@ -405,13 +405,12 @@ def test_cli_writes_the_report(run_dir: Path, tmp_path: Path,
 
 def test_report_of_a_real_demo_analysis(tmp_path: Path) -> None:
     """The files `mpsearch analyze` writes for the bundled demo feed every analysis chart."""
-    from mpsearch.analysis import analyze
-    from mpsearch.pipeline import prepare
+    from mpsearch.pipeline import analyze_prepared, prepare_inputs
 
     run = tmp_path / "demo"
-    prepared = prepare(DEMO, "x86_ort", DEMO.with_name("demo_data.npz"),
+    prepared = prepare_inputs(DEMO, "x86_ort", DEMO.with_name("demo_data.npz"),
                        calibration_samples=8, cache_dir=run / "calibration")
-    analyze(prepared, limit=4, run_dir=run)
+    analyze_prepared(prepared, run, samples=4)
     path = write_report(run)
     assert path.stat().st_size < 10_000_000
     page = path.read_text()
@@ -593,10 +592,12 @@ _FRONT_POINT_JS = """(() => {
 
 
 def _save_artifact(png: bytes, tmp_path: Path) -> Path:
-    """The screenshot, in ``tmp_path`` and in the gitignored ``test-artifacts/`` (or
-    ``$MPSEARCH_TEST_ARTIFACTS``), which outlives pytest's rotation of its temp dirs."""
+    """The screenshot, in ``tmp_path`` and, when ``$MPSEARCH_TEST_ARTIFACTS`` names a folder
+    (CI sets one), there too, which outlives pytest's rotation of its temp dirs."""
     (tmp_path / "report.png").write_bytes(png)
-    folder = Path(os.environ.get("MPSEARCH_TEST_ARTIFACTS") or ROOT / "test-artifacts")
+    if not os.environ.get("MPSEARCH_TEST_ARTIFACTS"):
+        return tmp_path / "report.png"
+    folder = Path(os.environ["MPSEARCH_TEST_ARTIFACTS"])
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "report-chromium.png"
     path.write_bytes(png)

@@ -21,8 +21,8 @@ import pytest
 from mpsearch.cli import main
 from mpsearch.demo import DEMO_MODEL
 from mpsearch.graph import load_model
+from mpsearch.pipeline import export_point, search_run
 from mpsearch.profiles import load_profile
-from mpsearch.runs import export_point, search
 from mpsearch.search import (
     MEASURE_ABOVE,
     Group,
@@ -130,8 +130,8 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("search")
     # The demo loses INT8 accuracy by construction on every CPU; x86_ort_auto keeps ORT's fused
     # int8 kernels exact on this machine (x86_ort with VNNI, x86_ort_avx2 without).
-    run = search(load_spec(_spec(tmp, model="demo", profile="x86_ort_auto")), tmp / "run")
-    assert run.front
+    run = search_run(load_spec(_spec(tmp, model="demo", profile="x86_ort_auto")), tmp / "run")
+    assert run.front.points
     return run.run_dir
 
 

@@ -19,7 +19,6 @@ from mpsearch.analysis import (
     Measurement,
     NodeSensitivity,
     Thresholds,
-    analyze,
     kendall_tau,
     output_kl,
     rank_sensitivity,
@@ -28,7 +27,7 @@ from mpsearch.cli._analyze import add_analyze_parser
 from mpsearch.data import Dataset, load_data
 from mpsearch.errors import MpsearchError, QuantizationError, SpecError
 from mpsearch.evaluate import Evaluator
-from mpsearch.pipeline import Prepared, prepare
+from mpsearch.pipeline import Prepared, analyze_prepared, prepare_inputs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 OUTLIER_NODE = "mm2"
@@ -63,13 +62,13 @@ def outlier_mlp(seed: int = 0) -> onnx.ModelProto:
 @pytest.fixture(scope="module")
 def mlp() -> Prepared:
     x = np.random.default_rng(1).normal(size=(160, 16)).astype(np.float32)
-    return prepare(outlier_mlp(), "x86_ort", Dataset(inputs={"x": x}, source="mlp"),
+    return prepare_inputs(outlier_mlp(), "x86_ort", Dataset(inputs={"x": x}, source="mlp"),
                    calibration_samples=64)
 
 
 @pytest.fixture(scope="module")
 def mlp_analysis(mlp: Prepared, tmp_path_factory: pytest.TempPathFactory) -> Analysis:
-    return analyze(mlp, run_dir=tmp_path_factory.mktemp("run"))
+    return analyze_prepared(mlp, tmp_path_factory.mktemp("run"))
 
 
 def test_outlier_node_ranks_first_in_every_format(mlp_analysis: Analysis) -> None:
@@ -126,10 +125,10 @@ def test_curve_steps_sizes_and_orders(mlp: Prepared, mlp_analysis: Analysis) -> 
 
 def test_run_directory_files_and_schema(mlp_analysis: Analysis, tmp_path: Path,
                                         mlp: Prepared) -> None:
-    analysis = analyze(mlp, formats=["int8"], run_dir=tmp_path, distributions=False)
+    analysis = analyze_prepared(mlp, formats=["int8"], run_dir=tmp_path, distributions=False)
     for name in ("sensitivity.json", "sensitivity.csv", "reverse.csv", "curve.json",
                  "curve.csv", "distributions.json", "distributions.csv", "summary.json",
-                 "profile.json", "cache/analysis.json"):
+                 "profile.json", "cache/measurements.json"):
         assert (tmp_path / name).is_file(), name
     doc = json.loads((tmp_path / "sensitivity.json").read_text())
     assert doc["metric"] == "agreement" and doc["formats"] == ["int8"]
@@ -146,23 +145,23 @@ def test_run_directory_files_and_schema(mlp_analysis: Analysis, tmp_path: Path,
 
 
 def test_rerun_is_free_and_identical(mlp: Prepared, tmp_path: Path) -> None:
-    first = analyze(mlp, formats=["int8"], run_dir=tmp_path, distributions=False)
+    first = analyze_prepared(mlp, formats=["int8"], run_dir=tmp_path, distributions=False)
     assert first.evaluations > 0
-    again = analyze(mlp, formats=["int8"], run_dir=tmp_path, distributions=False)
+    again = analyze_prepared(mlp, formats=["int8"], run_dir=tmp_path, distributions=False)
     assert again.evaluations == 0
     assert again.sensitivity == first.sensitivity
     assert again.reverse == first.reverse and again.curve == first.curve
-    other = analyze(mlp, formats=["int8"], run_dir=tmp_path, distributions=False, limit=40,
-                    reverse=False, curve=False)
+    other = analyze_prepared(mlp, tmp_path, formats=["int8"], distributions=False, samples=40,
+                             reverse=False, curve=False)
     assert other.evaluations == 5  # other data: the cache does not apply
 
 
 def test_thresholds_only_reclassify(mlp: Prepared, tmp_path: Path) -> None:
     strict = Thresholds(high_drop=0.0, medium_drop=0.0, high_sqnr=1000, medium_sqnr=1000)
     loose = Thresholds(high_drop=10, medium_drop=10, high_sqnr=-1000, medium_sqnr=-1000)
-    a = analyze(mlp, formats=["int8"], thresholds=strict, reverse=False, curve=False,
+    a = analyze_prepared(mlp, formats=["int8"], thresholds=strict, reverse=False, curve=False,
                 distributions=False, run_dir=tmp_path)
-    b = analyze(mlp, formats=["int8"], thresholds=loose, reverse=False, curve=False,
+    b = analyze_prepared(mlp, formats=["int8"], thresholds=loose, reverse=False, curve=False,
                 distributions=False, run_dir=tmp_path)
     assert b.evaluations == 0
     assert {r.cls for r in a.sensitivity} == {"high"} and {r.cls for r in b.sensitivity} == {"low"}
@@ -170,7 +169,7 @@ def test_thresholds_only_reclassify(mlp: Prepared, tmp_path: Path) -> None:
 
 
 def test_proxy_mode_ranks_the_outlier_node_first(mlp: Prepared, tmp_path: Path) -> None:
-    proxy = analyze(mlp, proxy=True, proxy_samples=16, run_dir=tmp_path)
+    proxy = analyze_prepared(mlp, proxy=True, proxy_samples=16, run_dir=tmp_path)
     assert proxy.mode == "proxy" and proxy.evaluations == 0
     assert proxy.reverse == () and proxy.curve == ()
     for fmt in proxy.formats:
@@ -178,15 +177,16 @@ def test_proxy_mode_ranks_the_outlier_node_first(mlp: Prepared, tmp_path: Path) 
     row = proxy.most_sensitive(1)[0]
     assert row.drop is None and row.sqnr is None and row.proxy_sqnr is not None
     assert row.proxy_sqnr < 10
-    again = analyze(mlp, proxy=True, proxy_samples=16, run_dir=tmp_path)
+    again = analyze_prepared(mlp, proxy=True, proxy_samples=16, run_dir=tmp_path)
     assert again.sensitivity == proxy.sensitivity
 
 
 def test_outlier_fixture_top_node_touches_the_outlier_tensor() -> None:
     data = load_data(FIXTURES / "digits_eval.npz")
-    prepared = prepare(FIXTURES / "sensitive.onnx", "x86_ort", data, calibration_samples=128)
-    analysis = analyze(prepared, formats=["int8"], limit=96, reverse=False, curve=False,
-                       distributions=False)
+    prepared = prepare_inputs(FIXTURES / "sensitive.onnx", "x86_ort", data,
+                              calibration_samples=128)
+    analysis = analyze_prepared(prepared, formats=["int8"], samples=96, reverse=False,
+                                curve=False, distributions=False)
     graph = prepared.graph
     stem = graph.nodes["/stem/stem.0/Conv"].outputs[0]
     tainted = {stem}  # the outlier channel flows through the stem and block 0
@@ -201,9 +201,9 @@ def test_outlier_fixture_top_node_touches_the_outlier_tensor() -> None:
 
 def test_format_errors(mlp: Prepared) -> None:
     with pytest.raises(QuantizationError, match="float reference"):
-        analyze(mlp, formats=["fp32"])
+        analyze_prepared(mlp, formats=["fp32"])
     with pytest.raises(MpsearchError, match="no format 'int4'"):
-        analyze(mlp, formats=["int4"])
+        analyze_prepared(mlp, formats=["int4"])
 
 
 def test_thresholds_classify_and_validate() -> None:

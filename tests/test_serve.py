@@ -23,8 +23,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from starlette.testclient import TestClient
 
+from mpsearch.progress import JsonlProgress, Progress
 from mpsearch.serve import ServeConfig, create_app
-from mpsearch.serve._progress import last_bar, pareto, read_journal
+from mpsearch.serve._progress import job_progress, pareto, read_journal
 
 JSON = {"accept": "application/json"}
 BAD_PROFILE = ("schema: 1\nname: typo\nextends: x86_ort\nformats:\n  int8:\n"
@@ -349,8 +350,8 @@ def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
                                tmp_path: Path) -> None:
     import onnxruntime as ort
 
+    from mpsearch.pipeline import search_run
     from mpsearch.report import write_report
-    from mpsearch.runs import search
     from mpsearch.spec import load_spec
 
     model = _model(client, tiny[0])
@@ -378,7 +379,7 @@ def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
     report = client.get(f"/jobs/{job}/report")
     assert report.headers["content-type"].startswith("text/html") and "Plotly" in report.text
     assert write_report(run_dir).is_file()  # `mpsearch report` works on a served run
-    resumed = search(spec.with_overrides(trials=4), run_dir, resume=True)  # and `--resume`
+    resumed = search_run(spec.with_overrides(trials=4), run_dir, resume=True)  # and `--resume`
     assert len([r for r in resumed.result.trials if r.state == "complete"]) >= 3
     points, finished = read_journal(run_dir / "study.journal")
     assert finished >= 3 and points
@@ -393,12 +394,20 @@ def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
 
 
 # -- progress parsing and the CLI --------------------------------------------------------------
-def test_progress_parsing(tmp_path: Path) -> None:
-    log = ("calibrate: 100%|##| 48/48 [00:01<00:00, 40sample/s]\rsearch:  33%|#  | 1/3 "
-           "[00:02<00:04,  2.0s/trial, best=0.9000, evals=1, front=1]\r")
-    bar = last_bar(log)
-    assert bar is not None and (bar["stage"], bar["done"], bar["total"]) == ("search", 1, 3)
-    assert (bar["elapsed"], bar["left"], bar["postfix"]["front"]) == (2.0, 4.0, "1")
+def test_progress_is_read_as_data(tmp_path: Path) -> None:
+    """The worker's reports reach the job page through progress.jsonl, a torn line skipped."""
+    report = JsonlProgress(tmp_path / "progress.jsonl", interval=0.0)
+    report(Progress(stage="calibrate", done=48, total=48, unit="sample"))
+    report(Progress(stage="search", done=0, total=3, unit="trial"))
+    report(Progress(stage="search", done=1, total=3, unit="trial",
+                    info={"best": 0.9, "front": 1, "evals": 1}))
+    with (tmp_path / "progress.jsonl").open("a") as f:
+        f.write('{"stage": "search", "done": 2, "tot')  # the worker is mid-write
+    shown = job_progress(tmp_path, kind="analysis", trials=None)
+    bar = shown["bar"]
+    assert (shown["stage"], bar["done"], bar["total"], bar["unit"]) == ("search", 1, 3, "trial")
+    assert bar["postfix"] == {"best": 0.9, "front": 1, "evals": 1}
+    assert bar["elapsed"] >= 0.0 and bar["left"] == pytest.approx(2 * bar["elapsed"])
     journal = tmp_path / "study.journal"
     assert read_journal(journal) == ([], 0)
     study = optuna.create_study(

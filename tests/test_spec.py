@@ -8,7 +8,7 @@ import pytest
 
 from mpsearch.cli import main
 from mpsearch.errors import SpecError
-from mpsearch.runs import dry_run
+from mpsearch.pipeline import dry_run
 from mpsearch.spec import load_spec
 
 ROOT = Path(__file__).parent.parent

@@ -1,13 +1,14 @@
-"""Node-level analysis: sensitivity, distributions and the node-by-node curve."""
+"""Node-level analysis through the one shared measurer: sensitivity, distributions, curve."""
 
 from __future__ import annotations
 
 from mpsearch.analysis._analysis import (
+    SCHEMA,
     Analysis,
     CurvePoint,
+    analysis_formats,
     analyze,
     measure_curve,
-    write_analysis,
 )
 from mpsearch.analysis._distributions import (
     BINS,
@@ -19,21 +20,23 @@ from mpsearch.analysis._distributions import (
     analyze_distributions,
     tensor_flags,
 )
-from mpsearch.analysis._sensitivity import (
-    CLASSES,
+from mpsearch.analysis._measure import (
     Measurement,
     Measurer,
+    assignment_key,
+    output_kl,
+)
+from mpsearch.analysis._sensitivity import (
+    CLASSES,
     NodeSensitivity,
     RestoreGain,
     Thresholds,
-    assignment_key,
     kendall_tau,
     lower_formats,
     measure_proxy,
     measure_reverse,
     measure_sensitivity,
     node_model,
-    output_kl,
     rank_sensitivity,
     severity,
     worsening,
@@ -50,10 +53,12 @@ __all__ = [
     "NodeDistribution",
     "NodeSensitivity",
     "RestoreGain",
+    "SCHEMA",
     "STAT_COLUMNS",
     "STAT_FIELDS",
     "TensorDistribution",
     "Thresholds",
+    "analysis_formats",
     "analyze",
     "analyze_distributions",
     "assignment_key",
@@ -69,5 +74,4 @@ __all__ = [
     "severity",
     "tensor_flags",
     "worsening",
-    "write_analysis",
 ]

@@ -1,46 +1,36 @@
-"""Sensitivity analysis of a prepared model: ranking, reverse view, curve and distributions.
+"""Sensitivity analysis through the shared measurer: ranking, reverse view, curve, distributions.
 
-Consumes a :class:`~mpsearch.pipeline.Prepared` model (graph, profile, calibration table and
-validation data); produces a frozen :class:`Analysis` and, given ``run_dir``, the run
-directory's analysis files (all written atomically; non-finite numbers as null):
+Consumes the :class:`~mpsearch.analysis.Measurer` of a run (its quantizer holds the graph, the
+profile and the calibration table; its data and cache are shared with the search); produces a
+frozen :class:`Analysis`:
 
-* ``sensitivity.json`` / ``sensitivity.csv`` -- one row per (node, format) quantized alone
-  (:class:`~mpsearch.sensitivity.NodeSensitivity`), the ranking per format, the reverse view
-  (``reverse.csv`` too) and the cost per configuration;
-* ``curve.json`` / ``curve.csv`` -- nodes quantized cumulatively in topological and in
-  sensitivity order (least sensitive first): metric and exact model size per step;
-* ``distributions.json`` / ``distributions.csv`` -- histograms, statistics and flags per node
-  (:mod:`mpsearch.distributions`);
-* ``summary.json``, ``profile.json`` and ``cache/analysis.json`` (every measurement, keyed by
-  the model, calibration table, data, profile and metric fingerprints, so a rerun is free).
+* one :class:`~mpsearch.analysis.NodeSensitivity` row per (node, format) quantized alone, the
+  ranking per format, and the reverse view (everything quantized but one node);
+* the node-by-node curve: nodes quantized cumulatively in topological and in sensitivity order
+  (least sensitive first), metric and exact model size per step;
+* distributions: histograms, statistics and flags per node (:mod:`._distributions`).
+
+Every configuration goes through the measurer on the same first ``samples`` samples, so the
+curve's first step, the reverse view's base and the search's single-group costs are cache hits
+when the rows already measured them. Writing the files is the run directory's job
+(:mod:`mpsearch.rundir`).
 """
 
 from __future__ import annotations
 
-import csv
-import hashlib
-import io
-import json
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
-from mpsearch import __version__
-from mpsearch._io import atomic_write, write_json
-from mpsearch.analysis._distributions import STAT_COLUMNS, NodeDistribution, analyze_distributions
+from mpsearch.analysis._distributions import NodeDistribution, analyze_distributions
+from mpsearch.analysis._measure import Measurement, Measurer
 from mpsearch.analysis._sensitivity import (
-    Measurement,
-    Measurer,
     NodeSensitivity,
     RestoreGain,
     Thresholds,
-    assignment_key,
     lower_formats,
     measure_proxy,
     measure_reverse,
@@ -50,20 +40,16 @@ from mpsearch.analysis._sensitivity import (
     worsening,
 )
 from mpsearch.assignment import model_size
-from mpsearch.data import Dataset
 from mpsearch.errors import QuantizationError
-from mpsearch.evaluate import Evaluator
 from mpsearch.graph import Node
-from mpsearch.pipeline import Prepared
 from mpsearch.profiles import HardwareProfile
-from mpsearch.quantize import Quantizer
+from mpsearch.progress import Reporter, steps
 
-__all__ = ["Analysis", "CurvePoint", "analyze", "measure_curve", "write_analysis"]
+__all__ = ["SCHEMA", "Analysis", "CurvePoint", "analyze", "analysis_formats", "measure_curve"]
 
 logger = logging.getLogger(__name__)
 
 SCHEMA = 1
-_FLUSH_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,15 +132,16 @@ class Analysis:
 
 
 def measure_curve(
-    measurer: Measurer, prepared: Prepared, target: Mapping[str, str],
-    orders: Mapping[str, Sequence[str]], *, progress: bool = False,
+    measurer: Measurer, target: Mapping[str, str], orders: Mapping[str, Sequence[str]], *,
+    samples: int | None = None, progress: Reporter | None = None,
 ) -> tuple[CurvePoint, ...]:
-    """Nodes quantized cumulatively (node -> ``target`` format) in each named order.
+    """Nodes quantized cumulatively (node -> ``target`` format) in each named order, on the
+    first ``samples`` samples.
 
     Step 0 is the FP32 model; step k quantizes the first k nodes of the order.
     """
-    graph, profile = prepared.graph, prepared.profile
-    fp32 = measurer.fp32()
+    graph, profile = measurer.quantizer.graph, measurer.quantizer.profile
+    fp32 = measurer.fp32(samples)
     higher = measurer.higher_is_better
     fp32_size = model_size(graph, profile, {})
 
@@ -172,73 +159,18 @@ def measure_curve(
     for name, sequence in orders.items():
         points.append(point(name, 0, None, fp32, {}))
         current: dict[str, str] = {}
-        bar = tqdm(sequence, desc=f"curve ({name})", unit="cfg", disable=not progress,
-                   leave=False)
-        for step, node in enumerate(bar, start=1):
+        for step, node in enumerate(steps(sequence, f"curve ({name})", progress, unit="cfg"),
+                                    start=1):
             current[node] = target[node]
-            points.append(point(name, step, node, measurer.measure(current), current))
+            points.append(point(name, step, node, measurer.measure(current, samples=samples),
+                                current))
     return tuple(points)
 
 
-class _Store:
-    """The run directory's measurement cache: ``cache/analysis.json`` (None: memory only)."""
-
-    def __init__(self, run_dir: Path | None, key: Mapping[str, Any]) -> None:
-        self.path = None if run_dir is None else run_dir / "cache" / "analysis.json"
-        self.key = dict(key)
-        self.entries: dict[str, Any] = {}
-        self.last = time.monotonic()
-        if self.path is not None and self.path.is_file():
-            try:
-                stored = json.loads(self.path.read_text())
-            except (OSError, json.JSONDecodeError) as e:
-                logger.warning("%s: unreadable analysis cache (%s); measuring again",
-                               self.path, e)
-                return
-            if stored.get("key") == self.key:
-                self.entries = dict(stored.get("entries", {}))
-                logger.info("%s: %d cached measurements", self.path, len(self.entries))
-            else:
-                logger.info("%s: cache is for other inputs; measuring again", self.path)
-
-    def changed(self) -> None:
-        if time.monotonic() - self.last > _FLUSH_SECONDS:
-            self.flush()
-
-    def flush(self) -> None:
-        self.last = time.monotonic()
-        if self.path is not None:
-            write_json(self.path, {"key": self.key, "entries": self.entries})
-
-
-def _fingerprint(obj: object) -> str | None:
-    value = getattr(obj, "fingerprint", None)
-    value = value() if callable(value) else value
-    return None if value is None else str(value)
-
-
-def _table_key(table: object) -> str | None:
-    """What identifies a calibration table: its own fingerprint, else its inputs and binning."""
-    own = _fingerprint(table)
-    if own is not None:
-        return own
-    parts = [getattr(table, k, None) for k in ("model_fingerprint", "data_fingerprint",
-                                                "samples", "bins", "percentile")]
-    return ":".join(str(p) for p in parts)
-
-
-def _cache_key(prepared: Prepared, data: Dataset, metric: str | None) -> dict[str, Any]:
-    profile_text = json.dumps(prepared.profile.to_dict(), sort_keys=True, default=str)
-    return {
-        "schema": SCHEMA, "mpsearch": __version__, "model": prepared.graph.fingerprint,
-        "table": _table_key(prepared.table), "data": _fingerprint(data),
-        "samples": len(data), "profile": prepared.profile.name,
-        "profile_digest": hashlib.sha256(profile_text.encode()).hexdigest()[:16],
-        "method": prepared.method, "metric": metric,
-    }
-
-
-def _check_formats(profile: HardwareProfile, formats: Sequence[str] | None) -> tuple[str, ...]:
+def analysis_formats(profile: HardwareProfile, formats: Sequence[str] | None
+                     ) -> tuple[str, ...]:
+    """The lower-precision formats to analyze, by rank: ``formats`` checked, or every format
+    of ``profile`` below FP32."""
     if formats is None:
         names = [n for n, f in profile.formats.items()
                  if f.activation.dtype != "float32" or f.weight.dtype != "float32"]
@@ -252,8 +184,8 @@ def _check_formats(profile: HardwareProfile, formats: Sequence[str] | None) -> t
     return tuple(sorted(names, key=lambda n: (profile.format(n).rank, n)))
 
 
-def _targets(prepared: Prepared, formats: Sequence[str]) -> list[tuple[Node, tuple[str, ...]]]:
-    graph, profile = prepared.graph, prepared.profile
+def _targets(measurer: Measurer, formats: Sequence[str]) -> list[tuple[Node, tuple[str, ...]]]:
+    graph, profile = measurer.quantizer.graph, measurer.quantizer.profile
     targets = [(node, lower_formats(profile, node, formats)) for node in graph.nodes.values()]
     found = [(n, f) for n, f in targets if f]
     if not found:
@@ -263,44 +195,35 @@ def _targets(prepared: Prepared, formats: Sequence[str]) -> list[tuple[Node, tup
     return found
 
 
-def _timing(measurer: Measurer, keys: Sequence[str]) -> dict[str, float]:
-    rows = [Measurement.from_dict(measurer.cache[k]) for k in keys if k in measurer.cache]
-    if not rows:
-        return {}
+
+def _timing(rows: Sequence[NodeSensitivity]) -> dict[str, float]:
     count = len(rows)
     return {"configurations": float(count),
-            "build_s": sum(m.build_s for m in rows) / count,
-            "session_s": sum(m.session_s for m in rows) / count,
-            "eval_s": sum(m.eval_s for m in rows) / count}
+            "seconds": sum(r.seconds for r in rows) / count} if count else {}
 
 
-def _proxy_timing(rows: Sequence[NodeSensitivity]) -> dict[str, float]:
-    count = len(rows)
-    return {"configurations": float(count),
-            "proxy_s": sum(r.seconds for r in rows) / count} if count else {}
-
-
-def _proxy_rows(prepared: Prepared, store: _Store,
-                targets: Sequence[tuple[Node, tuple[str, ...]]], data: Dataset,
-                order: Mapping[str, int], options: Mapping[str, Any]
+def _proxy_rows(measurer: Measurer, targets: Sequence[tuple[Node, tuple[str, ...]]],
+                samples: int, order: Mapping[str, int], progress: Reporter | None
                 ) -> tuple[NodeSensitivity, ...]:
-    """Proxy rows from the cache, measuring only the missing (node, format) pairs."""
-    def key(node: str, fmt: str) -> str:
-        return f"proxy{len(data)}:{node}:{fmt}"
+    """Proxy rows from the measurer's cache, measuring only the missing (node, format) pairs."""
+    quantizer, cache = measurer.quantizer, measurer.cache
+    sample = measurer.data.take(min(samples, len(measurer.data)))
 
-    missing = [(n, tuple(f for f in fmts if key(n.name, f) not in store.entries))
-               for n, fmts in targets]
+    def key(node: str, fmt: str) -> str:
+        return f"proxy{len(sample)}:{node}:{fmt}"
+
+    missing = [(n, tuple(f for f in fmts if key(n.name, f) not in cache)) for n, fmts in targets]
     missing = [(n, f) for n, f in missing if f]
     if missing:
-        for row in measure_proxy(prepared.graph, prepared.table, prepared.profile, missing,
-                                 data, order, method=prepared.method, **options):
-            store.entries[key(row.node, row.format)] = {"sqnr": row.proxy_sqnr,
-                                                        "seconds": row.seconds}
-        store.flush()
+        for row in measure_proxy(quantizer.graph, quantizer.table, quantizer.profile, missing,
+                                 sample, order, method=quantizer.method,
+                                 batch_size=measurer.batch_size, threads=measurer.threads,
+                                 progress=progress):
+            cache[key(row.node, row.format)] = {"sqnr": row.proxy_sqnr, "seconds": row.seconds}
     rows = []
     for node, fmts in targets:
         for fmt in fmts:
-            entry = store.entries[key(node.name, fmt)]
+            entry = cache[key(node.name, fmt)]
             sqnr = math.inf if entry["sqnr"] is None else float(entry["sqnr"])
             rows.append(NodeSensitivity(node=node.name, op_type=node.op_type, format=fmt,
                                         index=order[node.name], proxy_sqnr=sqnr,
@@ -309,84 +232,62 @@ def _proxy_rows(prepared: Prepared, store: _Store,
 
 
 def analyze(
-    prepared: Prepared, *, data: Dataset | None = None, metric: str | None = None,
-    formats: Sequence[str] | None = None, proxy: bool = False, reverse: bool | None = None,
-    curve: bool | None = None, distributions: bool = True,
-    thresholds: Thresholds | None = None, limit: int | None = None, proxy_samples: int = 32,
-    batch_size: int = 64, threads: int = 2, run_dir: str | Path | None = None,
-    progress: bool = False,
+    measurer: Measurer, *, formats: Sequence[str] | None = None, proxy: bool = False,
+    reverse: bool | None = None, curve: bool | None = None, distributions: bool = True,
+    thresholds: Thresholds | None = None, samples: int | None = None, proxy_samples: int = 32,
+    progress: Reporter | None = None,
 ) -> Analysis:
     """Per-node sensitivity (end to end, or the fast ``proxy``), reverse view, curve and
-    distributions of ``prepared``; writes the analysis files when ``run_dir`` is given.
+    distributions, every configuration measured by ``measurer`` on its first ``samples``
+    samples (all by default).
 
-    ``data`` defaults to the validation split, cut to its first ``limit`` samples. ``formats``
-    defaults to every lower-precision format of the profile. ``reverse`` and ``curve``
-    default to on, except in proxy mode (meant for models too large for them).
+    ``formats`` defaults to every lower-precision format of the profile. ``reverse`` and
+    ``curve`` default to on, except in proxy mode (meant for models too large for them).
     """
     start = time.perf_counter()
+    before = measurer.evaluations
     thresholds = thresholds or Thresholds()
-    graph = prepared.graph
-    wanted = _check_formats(prepared.profile, formats)
-    targets = _targets(prepared, wanted)
-    dataset = data if data is not None else prepared.validation
-    dataset = dataset.take(limit) if limit is not None and limit < len(dataset) else dataset
-    out = None if run_dir is None else Path(run_dir)
-    store = _Store(out, _cache_key(prepared, dataset, metric))
-    quantizer = Quantizer(graph, prepared.table, prepared.profile, method=prepared.method)
-    measurer = Measurer(quantizer, _evaluator_factory(prepared, dataset, metric, batch_size,
-                                                      threads),
-                        cache=store.entries, on_new=store.changed)
+    quantizer = measurer.quantizer
+    graph, profile = quantizer.graph, quantizer.profile
+    wanted = analysis_formats(profile, formats)
+    targets = _targets(measurer, wanted)
     order = {name: i for i, name in enumerate(graph.order)}
     if proxy:
-        sample = dataset.take(min(proxy_samples, len(dataset)))
-        rows = _proxy_rows(prepared, store, targets, sample, order,
-                           {"batch_size": batch_size, "threads": threads, "progress": progress})
+        rows = _proxy_rows(measurer, targets, proxy_samples, order, progress)
     else:
-        rows = measure_sensitivity(measurer, targets, order, progress=progress)
+        rows = measure_sensitivity(measurer, targets, order, samples=samples, progress=progress)
     rows = rank_sensitivity(rows, thresholds)
     lowest = {node.name: fmts[0] for node, fmts in targets}
-    base, gains = (_reverse(measurer, lowest, targets, order, progress)
+    base, gains = (_reverse(measurer, lowest, targets, order, samples, progress)
                    if (reverse if reverse is not None else not proxy) else (None, ()))
     points: tuple[CurvePoint, ...] = ()
     if curve if curve is not None else not proxy:
-        points = measure_curve(measurer, prepared, lowest, _orders(rows, lowest, order),
+        points = measure_curve(measurer, lowest, _orders(rows, lowest, order), samples=samples,
                                progress=progress)
-    dists = analyze_distributions(prepared, formats=wanted) if distributions else ()
-    store.flush()
-    fp32 = measurer.fp32()
+    dists = (analyze_distributions(graph, profile, quantizer.table, formats=wanted,
+                                   method=quantizer.method) if distributions else ())
+    fp32 = measurer.fp32(samples)
     analysis = Analysis(
-        model=graph.name, profile=prepared.profile.name, metric=fp32.primary,
+        model=graph.name, profile=profile.name, metric=fp32.primary,
         higher_is_better=measurer.higher_is_better, fp32=dict(fp32.metrics),
         samples=fp32.samples, mode="proxy" if proxy else "end_to_end", formats=wanted,
         thresholds=thresholds, sensitivity=rows, reverse_base=base, reverse=gains,
-        curve=points, distributions=dists, evaluations=measurer.evaluations,
-        seconds=time.perf_counter() - start,
-        timing=(_proxy_timing(rows) if proxy else
-                _timing(measurer, [assignment_key({r.node: r.format}) for r in rows])),
-        key=store.key)
-    if out is not None:
-        write_analysis(analysis, out, prepared)
+        curve=points, distributions=dists, evaluations=measurer.evaluations - before,
+        seconds=time.perf_counter() - start, timing=_timing(rows))
     logger.info("analyzed %d (node, format) pairs of %s in %.1f s (%d evaluations)",
-                len(rows), graph.name, analysis.seconds, measurer.evaluations)
+                len(rows), graph.name, analysis.seconds, analysis.evaluations)
     return analysis
 
 
 def _reverse(measurer: Measurer, lowest: Mapping[str, str],
              targets: Sequence[tuple[Node, tuple[str, ...]]], order: Mapping[str, int],
-             progress: bool) -> tuple[dict[str, Any], tuple[RestoreGain, ...]]:
+             samples: int | None, progress: Reporter | None
+             ) -> tuple[dict[str, Any], tuple[RestoreGain, ...]]:
     reference, gains = measure_reverse(measurer, lowest, [n for n, _ in targets], order,
-                                       progress=progress)
+                                       samples=samples, progress=progress)
     base = {"formats": dict(lowest), "metric": reference.value, "sqnr": reference.sqnr,
             "metrics": dict(reference.metrics), "kl": reference.kl}
     return base, gains
-
-
-def _evaluator_factory(prepared: Prepared, data: Dataset, metric: str | None, batch_size: int,
-                       threads: int) -> Callable[[], Evaluator]:
-    def make() -> Evaluator:
-        return Evaluator(prepared.graph, data, metric=metric, batch_size=batch_size,
-                         threads=threads)
-    return make
 
 
 def _orders(rows: Sequence[NodeSensitivity], lowest: Mapping[str, str],
@@ -397,49 +298,3 @@ def _orders(rows: Sequence[NodeSensitivity], lowest: Mapping[str, str],
     by_severity = sorted(own, key=lambda r: (severity(r), r.index), reverse=True)
     return {"topological": sorted(lowest, key=order.__getitem__),
             "sensitivity": [r.node for r in by_severity]}
-
-
-# -- files ---------------------------------------------------------------------------------
-def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]], header: Sequence[str]) -> None:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(header), extrasaction="ignore")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: _cell(v) for k, v in row.items()})
-    atomic_write(path, buffer.getvalue().encode())
-
-
-def _cell(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return ""
-    if isinstance(value, (list, tuple)):
-        return "; ".join(str(v) for v in value)
-    return value
-
-
-def write_analysis(analysis: Analysis, run_dir: str | Path, prepared: Prepared) -> None:
-    """Write the analysis files of ``analysis`` into ``run_dir`` (see the module docstring)."""
-    out = Path(run_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "summary.json", prepared.summary.to_dict())
-    write_json(out / "profile.json", prepared.profile.to_dict())
-    data = analysis.to_dict()
-    write_json(out / "sensitivity.json", data)
-    _write_csv(out / "sensitivity.csv", data["nodes"], list(NodeSensitivity.__dataclass_fields__))
-    _write_csv(out / "reverse.csv", data["reverse"]["rows"],
-               list(RestoreGain.__dataclass_fields__))
-    orders: dict[str, list[dict[str, Any]]] = {}
-    for point in analysis.curve:
-        orders.setdefault(point.order, []).append(point.to_dict())
-    write_json(out / "curve.json", {
-        "schema": SCHEMA, "metric": analysis.metric,
-        "higher_is_better": analysis.higher_is_better,
-        "fp32_metric": analysis.fp32.get(analysis.metric),
-        "fp32_size": model_size(prepared.graph, prepared.profile, {}),
-        "orders": orders})
-    _write_csv(out / "curve.csv", [p.to_dict() for p in analysis.curve],
-               list(CurvePoint.__dataclass_fields__))
-    entries = [d.to_dict() for d in analysis.distributions]
-    write_json(out / "distributions.json", {"schema": SCHEMA, "nodes": entries})
-    _write_csv(out / "distributions.csv", [r for d in analysis.distributions for r in d.rows()],
-               STAT_COLUMNS)

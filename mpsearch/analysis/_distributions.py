@@ -1,6 +1,6 @@
 """Weight and activation distributions per node: histograms, statistics and actionable flags.
 
-Consumes a :class:`~mpsearch.pipeline.Prepared` model (graph, profile and calibration table);
+Consumes a graph, a hardware profile and its calibration table (with the range method);
 produces one :class:`NodeDistribution` per quantizable node: the FP32 histogram of each weight
 next to its dequantized histogram in every analyzed format (per-channel ranges included), the
 histograms of the node's activations from the calibration table with the clipping range each
@@ -23,7 +23,6 @@ from mpsearch import kernels
 from mpsearch.assignment import weight_channels
 from mpsearch.calibration import CalibrationTable
 from mpsearch.graph import ModelGraph, Node
-from mpsearch.pipeline import Prepared
 from mpsearch.profiles import HardwareProfile, TensorFormat
 from mpsearch.quantize import qparams
 
@@ -324,7 +323,7 @@ def _activation_hist(table: CalibrationTable, tensor: str
     return hist, lo, hi, float(stats.min), float(stats.max)
 
 
-def _activation_distribution(prepared: Prepared, node: Node, tensor: str, role: str,
+def _activation_distribution(prepared: _Inputs, node: Node, tensor: str, role: str,
                              formats: Sequence[str], bins: int) -> TensorDistribution | None:
     found = _activation_hist(prepared.table, tensor)
     if found is None:
@@ -385,7 +384,7 @@ def _public(stats: Mapping[str, Any]) -> dict[str, float | None]:
     return {k: stats.get(k) for k in STAT_FIELDS}
 
 
-def _node_distribution(prepared: Prepared, node: Node, index: int, formats: Sequence[str],
+def _node_distribution(prepared: _Inputs, node: Node, index: int, formats: Sequence[str],
                        rules: FlagRules, bins: int) -> NodeDistribution:
     graph, profile = prepared.graph, prepared.profile
     weight = None
@@ -415,16 +414,29 @@ def _node_distribution(prepared: Prepared, node: Node, index: int, formats: Sequ
         codes=tuple(dict.fromkeys(f[0] for f in flags)))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Inputs:
+    """What every helper below reads: the graph, the profile, the table and its range method."""
+
+    graph: ModelGraph
+    profile: HardwareProfile
+    table: CalibrationTable
+    method: str | None
+
+
 def _strip(dist: TensorDistribution) -> TensorDistribution:
     return replace(dist, stats=_public(dist.stats))
 
 
 def analyze_distributions(
-    prepared: Prepared, *, formats: Sequence[str], rules: FlagRules | None = None,
+    graph: ModelGraph, profile: HardwareProfile, table: CalibrationTable, *,
+    formats: Sequence[str], method: str | None = None, rules: FlagRules | None = None,
     bins: int = BINS,
 ) -> tuple[NodeDistribution, ...]:
-    """Distributions of every node that takes one of ``formats``, in topological order."""
+    """Distributions of every node that takes one of ``formats``, in topological order;
+    activation ranges by ``method`` (the table's default when None)."""
     rules = rules or FlagRules()
+    prepared = _Inputs(graph=graph, profile=profile, table=table, method=method)
     out = []
     for index, node in enumerate(prepared.graph.nodes.values()):
         allowed = [f for f in formats if node.quantizable

@@ -1,15 +1,18 @@
 """``mpsearch analyze MODEL --profile P --data D --out RUN_DIR``: thin CLI over
-:func:`mpsearch.analysis.analyze`; prints the most sensitive nodes, their class and flags."""
+:func:`mpsearch.pipeline.analyze_run`; prints the most sensitive nodes, their class and flags."""
 
 from __future__ import annotations
 
 import argparse
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mpsearch.analysis import Analysis, Thresholds, analyze
-from mpsearch.pipeline import prepare
+from mpsearch.cli._progress import BarProgress
+from mpsearch.spec import Thresholds
+
+if TYPE_CHECKING:
+    from mpsearch import Analysis
 
 __all__ = ["add_analyze_parser", "format_analysis"]
 
@@ -53,24 +56,30 @@ def add_analyze_parser(subparsers: Any) -> None:
 
 
 def handler(args: argparse.Namespace) -> int:
+    from mpsearch.pipeline import analyze_run
+    from mpsearch.spec import SearchSpec
+
     out = Path(args.out)
-    prepared = prepare(args.model, args.profile, args.data,
-                       calibration_samples=args.calibration_samples, method=args.method,
-                       seed=args.seed, cache_dir=out / "calibration", progress=True)
-    formats = None if args.formats is None else [f.strip() for f in args.formats.split(",")
-                                                 if f.strip()]
-    analysis = analyze(prepared, metric=args.metric, formats=formats, proxy=args.proxy,
-                       reverse=False if args.no_reverse else None,
-                       curve=False if args.no_curve else None,
-                       thresholds=Thresholds(high_drop=args.high_drop,
-                                             medium_drop=args.medium_drop,
-                                             high_sqnr=args.high_sqnr,
-                                             medium_sqnr=args.medium_sqnr),
-                       limit=args.limit, run_dir=out, progress=True)
+    formats = None if args.formats is None else tuple(
+        f.strip() for f in args.formats.split(",") if f.strip())
+    spec = SearchSpec(model=args.model, profile=args.profile, data=args.data,
+                      calibration_samples=args.calibration_samples, data_seed=args.seed,
+                      method=args.method, metric=args.metric, formats=formats,
+                      sensitivity_limit=args.limit)
+    progress = BarProgress()
+    analysis = analyze_run(spec, out, proxy=args.proxy,
+                           reverse=False if args.no_reverse else None,
+                           curve=False if args.no_curve else None,
+                           thresholds=Thresholds(high_drop=args.high_drop,
+                                                 medium_drop=args.medium_drop,
+                                                 high_sqnr=args.high_sqnr,
+                                                 medium_sqnr=args.medium_sqnr),
+                           progress=progress)
+    progress.close()
     print(format_analysis(analysis, top=args.top))
     print(f"wrote {out}/sensitivity.json, curve.json, distributions.json (+ CSV)")
     if not args.no_report:
-        from mpsearch.report import write_report
+        from mpsearch import write_report
 
         print(f"wrote {write_report(out)}")
     return 0

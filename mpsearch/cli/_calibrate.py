@@ -11,12 +11,14 @@ import argparse
 import time
 from typing import Any
 
+from mpsearch.cli._progress import BarProgress
+
 __all__ = ["add_calibrate_parser"]
 
 
 def add_calibrate_parser(subparsers: Any) -> None:
     """Register the ``calibrate`` sub-command on an argparse sub-parser collection."""
-    from mpsearch.calibration import METHODS
+    from mpsearch.spec import METHODS
 
     parser = subparsers.add_parser(
         "calibrate", help="collect activation statistics once (saved, fingerprinted)",
@@ -42,19 +44,15 @@ def add_calibrate_parser(subparsers: Any) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from mpsearch.calibration import calibrate_cached
-    from mpsearch.data import check_signature, load_data
-    from mpsearch.graph import load_model
+    from mpsearch.pipeline import calibrate_model
 
-    graph = load_model(args.model)
-    data = load_data(args.data)
-    if args.samples is not None:
-        data = data.take(args.samples)
-    check_signature(data, graph)
     start = time.perf_counter()
-    table = calibrate_cached(graph, data, args.out, method=args.method,
-                             batch_size=args.batch_size, bins=args.bins,
-                             percentile=args.percentile, threads=args.threads, progress=True)
+    progress = BarProgress()
+    table = calibrate_model(args.model, args.data, args.out, samples=args.samples,
+                            method=args.method, batch_size=args.batch_size, bins=args.bins,
+                            percentile=args.percentile, threads=args.threads,
+                            progress=progress)
+    progress.close()
     elapsed = time.perf_counter() - start
     width = max([len("tensor"), *(len(t) for t in table.tensors)])
     width = min(width, 60)

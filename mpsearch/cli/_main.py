@@ -21,13 +21,13 @@ from mpsearch.cli._profiles import add_profiles_parser
 from mpsearch.cli._report import add_report_parser
 from mpsearch.cli._serve import add_serve_parser
 from mpsearch.errors import MpsearchError
-from mpsearch.graph import load_model
-from mpsearch.summary import format_summary, summarize
 
 __all__ = ["main"]
 
 
 def _summary(args: argparse.Namespace) -> int:
+    from mpsearch import format_summary, load_model, summarize
+
     summary = summarize(load_model(args.model))
     if args.json:
         print(json.dumps(summary.to_dict(), indent=2))

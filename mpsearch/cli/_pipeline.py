@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mpsearch.cli._progress import BarProgress
+
 __all__ = ["add_pipeline_parsers"]
 
 
@@ -18,43 +20,29 @@ def _kb(size: float) -> str:
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    from mpsearch.assignment import load_assignment, model_size, uniform_assignment
-    from mpsearch.evaluate import Evaluator
-    from mpsearch.graph import load_model
-    from mpsearch.pipeline import prepare, write_model
-    from mpsearch.profiles import load_profile
-    from mpsearch.quantize import Quantizer
+    from mpsearch.pipeline import quantize_one
+    from mpsearch.spec import SearchSpec
 
-    graph, profile = load_model(args.model), load_profile(args.profile)
-    assignment = (uniform_assignment(graph, profile, args.uniform) if args.uniform
-                  else load_assignment(args.assignment, graph, profile))  # before any work
-    prepared = prepare(graph, profile, args.data, calibration_samples=args.calibration_samples,
-                       method=args.method, seed=args.seed, progress=not args.quiet)
-    model = Quantizer(graph, prepared.table, profile, method=args.method).build(assignment)
-    write_model(args.out, model)
-    evaluator = Evaluator(graph, prepared.validation, metric=args.metric)
-    fp32, quantized = evaluator.fp32(), evaluator.evaluate(model)
-    feeds = next(iter(prepared.validation.batches(1)))
-    latency = evaluator.session(model).time_batch(feeds)
-    fp32_latency = evaluator.session(graph.model).time_batch(feeds)
-    size, fp32_size = model_size(graph, profile, assignment), model_size(graph, profile, {})
-    print(f"wrote    {args.out}")
-    print(f"size     {_kb(size)} vs FP32 {_kb(fp32_size)} ({size / fp32_size:.2f}x)")
+    spec = SearchSpec(model=args.model, profile=args.profile, data=args.data,
+                      calibration_samples=args.calibration_samples, data_seed=args.seed,
+                      method=args.method, metric=args.metric)
+    result = quantize_one(spec, args.out, uniform=args.uniform, assignment=args.assignment,
+                          progress=BarProgress(not args.quiet))
+    fp32, quantized = result.fp32, result.evaluation
+    print(f"wrote    {result.path}")
+    print(f"size     {_kb(result.size)} vs FP32 {_kb(result.fp32_size)} "
+          f"({result.size / result.fp32_size:.2f}x)")
     for name, value in quantized.metrics.items():
         print(f"{name:<8} {value:.4f} vs FP32 {fp32.metrics.get(name, float('nan')):.4f}")
-    print(f"latency  {latency * 1e3:.2f} ms vs FP32 {fp32_latency * 1e3:.2f} ms "
-          f"(batch 1, {fp32_latency / latency:.2f}x speed-up)")
+    print(f"latency  {result.latency_s * 1e3:.2f} ms vs FP32 {result.fp32_latency_s * 1e3:.2f} "
+          f"ms (batch 1, {result.fp32_latency_s / result.latency_s:.2f}x speed-up)")
     return 0
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from mpsearch.data import load_data
-    from mpsearch.evaluate import Evaluator
-    from mpsearch.graph import load_model
+    from mpsearch.pipeline import evaluate_model
 
-    reference = load_model(args.reference or args.model)
-    evaluator = Evaluator(reference, load_data(args.data), metric=args.metric)
-    result = evaluator.evaluate(load_model(args.model).model)
+    result = evaluate_model(args.model, args.data, reference=args.reference, metric=args.metric)
     print(f"model    {args.model} on {result.samples} samples "
           f"(reference {args.reference or 'itself'})")
     for name, value in result.metrics.items():
@@ -63,41 +51,43 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from mpsearch.runs import search
+    from mpsearch.pipeline import search_run
     from mpsearch.spec import load_spec
 
     spec = load_spec(args.spec).with_overrides(storage=args.storage, study=args.study,
                                                trials=args.trials, seed=args.seed)
     run_dir = Path(args.out) if args.out else Path("runs") / Path(args.spec).stem
-    run = search(spec, run_dir, resume=args.resume, progress=not args.quiet)
-    fp32 = run.fp32
+    progress = BarProgress(not args.quiet)
+    run = search_run(spec, run_dir, resume=args.resume, progress=progress)
+    progress.close()
+    front, metric = run.front, run.front.metric
     print(f"run dir  {run.run_dir}  ({run.result.evaluations} evaluations, "
           f"{run.result.seconds:.1f} s search)")
-    print(f"FP32     {run.metric} {fp32['metric']:.4f}  size {_kb(fp32['size'])}")
-    for name, point in run.uniform.items():
-        print(f"uniform {name:<6} {run.metric} {point['metric']:.4f}  size {_kb(point['size'])}")
-    print(f"\nPareto front ({len(run.front)} points, {run.metric} on held-out data):")
-    print(f"{'point':>5} {run.metric:>9} {'size':>12} {'latency':>8}  formats")
-    for p in run.front:
-        latency = "-" if p["latency"] is None else f"{p['latency']:.2f}x"
-        counts = ", ".join(f"{k} {v}" for k, v in sorted(p["counts"].items()))
-        print(f"{p['index']:>5} {p['metric']:>9.4f} {_kb(p['size']):>12} {latency:>8}  {counts}")
+    print(f"FP32     {metric} {front.fp32.metric:.4f}  size {_kb(front.fp32.size)}")
+    for name, point in front.uniform.items():
+        print(f"uniform {name:<6} {metric} {point.metric:.4f}  size {_kb(point.size)}")
+    print(f"\nPareto front ({len(front.points)} points, {metric} on held-out data):")
+    print(f"{'point':>5} {metric:>9} {'size':>12} {'latency':>8}  formats")
+    for p in front.points:
+        latency = "-" if p.latency is None else f"{p.latency:.2f}x"
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(p.counts.items()))
+        print(f"{p.index:>5} {p.metric:>9.4f} {_kb(p.size):>12} {latency:>8}  {counts}")
     if not args.no_report:
         _report(run.run_dir)
     print(f"\nexport:  mpsearch export {run.run_dir} --point K --out model.onnx")
-    return 0 if run.front else 1
+    return 0 if front.points else 1
 
 
 def _report(run_dir: Path) -> None:
     try:
-        from mpsearch.report import write_report
+        from mpsearch import write_report
     except ImportError:
         return
     print(f"report   {write_report(run_dir)}")
 
 
 def _export(args: argparse.Namespace) -> int:
-    from mpsearch.runs import export_point
+    from mpsearch.pipeline import export_point
 
     result = export_point(args.run_dir, args.point, args.out)
     fp32 = result.fp32
@@ -108,8 +98,8 @@ def _export(args: argparse.Namespace) -> int:
         print(f"{name:<8} {value:.4f} vs FP32 {fp32.metrics.get(name, float('nan')):.4f}")
     print(f"latency  {result.latency_s * 1e3:.2f} ms vs FP32 {result.fp32_latency_s * 1e3:.2f} "
           f"ms (batch 1)")
-    front_metric = result.point["metric"]
-    print(f"front    {front_metric:.4f}; re-measured {result.evaluation.value:.4f}")
+    if result.point is not None:
+        print(f"front    {result.point.metric:.4f}; re-measured {result.evaluation.value:.4f}")
     return 0
 
 

@@ -7,14 +7,14 @@ import json
 import sys
 from typing import Any
 
-from mpsearch.errors import ProfileError
-from mpsearch.profiles import (
+from mpsearch import (
     Format,
     HardwareProfile,
     list_profiles,
     load_profile,
     validate_profile_file,
 )
+from mpsearch.errors import ProfileError
 
 __all__ = ["add_profiles_parser"]
 
@@ -36,7 +36,7 @@ def add_profiles_parser(subparsers: Any) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from mpsearch.profiles import AUTO_X86_PROFILE, host_int8_isa, x86_profile_for
+    from mpsearch import AUTO_X86_PROFILE, host_int8_isa, x86_profile_for
 
     for name in list_profiles():
         print(f"{name:<16} {load_profile(name).description}")

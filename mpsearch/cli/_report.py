@@ -23,9 +23,7 @@ def add_report_parser(subparsers: Any) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from mpsearch.report._report import (
-        write_report,  # plotly is imported only when a report is made
-    )
+    from mpsearch import write_report  # plotly is imported only when a report is made
 
     print(write_report(args.run_dir, args.out))
     return 0

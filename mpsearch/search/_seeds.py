@@ -18,6 +18,7 @@ import numpy as np
 from mpsearch.assignment import model_size
 from mpsearch.graph import ModelGraph
 from mpsearch.profiles import Format, HardwareProfile
+from mpsearch.progress import Progress, Reporter
 
 __all__ = ["MEASURE_ABOVE", "Group", "Seed", "compress", "group_costs", "group_nodes",
            "knapsack", "neighbor", "seed_assignments"]
@@ -75,7 +76,7 @@ def group_nodes(
 
 def group_costs(
     graph: ModelGraph, profile: HardwareProfile, groups: Sequence[Group],
-    measure: Callable[[Group, str], float], progress: bool = False,
+    measure: Callable[[Group, str], float], progress: Reporter | None = None,
 ) -> dict[tuple[str, str], float]:
     """The additive sensitivity model (group, format) -> cost, ``measure``-ing as few as needed.
 
@@ -85,26 +86,29 @@ def group_costs(
     quantization noise power (:func:`noise_ratio`): a group that barely notices INT8 barely
     notices INT16, and not measuring it leaves that evaluation to the search.
     """
-    from tqdm.auto import tqdm
-
     costs: dict[tuple[str, str], float] = {(g.name, g.formats[-1]): 0.0 for g in groups}
     lowest = [(g, g.formats[0]) for g in groups if len(g.formats) > 1]
-    bar = tqdm(total=len(lowest), desc="sensitivity", unit="cfg", disable=not progress)
-    for group, fmt in lowest:
+    total, done = len(lowest), 0
+
+    def measured(group: Group, fmt: str) -> None:
+        nonlocal done
         costs[(group.name, fmt)] = measure(group, fmt)
-        bar.update()
+        done += 1
+        if progress is not None:
+            progress(Progress(stage="group costs", done=done, total=total, unit="cfg"))
+
+    for group, fmt in lowest:
+        measured(group, fmt)
     floor = MEASURE_ABOVE * max((costs[(g.name, f)] for g, f in lowest), default=0.0)
     for level in range(1, max((len(g.formats) for g in groups), default=0) - 1):
         for group in (g for g in groups if level < len(g.formats) - 1):
             below, fmt = group.formats[level - 1], group.formats[level]
             cost = costs[(group.name, below)]
             if cost >= floor and cost > 0.0:
-                bar.total = (bar.total or 0) + 1
-                costs[(group.name, fmt)] = measure(group, fmt)
-                bar.update()
+                total += 1
+                measured(group, fmt)
             else:
                 costs[(group.name, fmt)] = cost * noise_ratio(graph, profile, group, below, fmt)
-    bar.close()
     return costs
 
 

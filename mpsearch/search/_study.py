@@ -1,8 +1,9 @@
 """Optuna multi-objective precision search: the only module that imports optuna.
 
-Consumes a :class:`~mpsearch.pipeline.Prepared` model, per-node sensitivities and a
+Consumes the run's :class:`~mpsearch.analysis.Measurer` (graph, profile, calibration table and
+the search split, with the measurements the analysis already made), the model summary and a
 :class:`~mpsearch.spec.SearchSpec`; produces the Pareto front of per-node format assignments
-(metric up, size down, optionally estimated latency down), each re-measured on held-out data.
+(metric up, size down, optionally estimated latency down) on the search split.
 
 * Space: one ordered integer dimension per group of nodes (a weighted node and the weightless
   nodes that follow it, which runtimes fuse), values = the formats the profile allows, by rank.
@@ -31,12 +32,10 @@ from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
+from mpsearch.analysis import Measurement, Measurer
 from mpsearch.assignment import Assignment, estimate_latency, make_assignment, model_size
 from mpsearch.errors import SearchError
-from mpsearch.evaluate import Evaluator
-from mpsearch.pipeline import Prepared
-from mpsearch.quantize import Quantizer
-from mpsearch.runtime import create_session
+from mpsearch.progress import Progress, Reporter
 from mpsearch.search._seeds import (
     Group,
     Seed,
@@ -47,6 +46,7 @@ from mpsearch.search._seeds import (
     seed_assignments,
 )
 from mpsearch.spec import SearchSpec
+from mpsearch.summary import ModelSummary
 
 __all__ = ["SAMPLERS", "SearchResult", "TrialRecord", "make_sampler", "open_study", "run_search",
            "study_progress"]
@@ -152,40 +152,39 @@ class SearchResult:
 class _Objective:
     """Turns a trial into (metric, size[, latency]) with caching, repair and early pruning."""
 
-    def __init__(self, prepared: Prepared, spec: SearchSpec, groups: Sequence[Group],
-                 evaluator: Evaluator, min_metric: float | None, max_size: int | None) -> None:
-        self.prepared = prepared
+    def __init__(self, measurer: Measurer, summary: ModelSummary, spec: SearchSpec,
+                 groups: Sequence[Group], min_metric: float | None, max_size: int | None
+                 ) -> None:
+        self.measurer = measurer
+        self.graph = measurer.quantizer.graph
+        self.profile = measurer.quantizer.profile
+        self.summary = summary
         self.spec = spec
         self.groups = groups
-        self.evaluator = evaluator
         self.noise: Mapping[tuple[str, str], float] = {}
         self.min_metric = min_metric
         self.max_size = max_size
-        self.quantizer = Quantizer(prepared.graph, prepared.table, prepared.profile,
-                                   method=prepared.method)
         self.cache: dict[str, tuple[float, ...]] = {}
         self.timing = {"build": 0.0, "session": 0.0, "inference": 0.0}
         self.evaluations = 0
-        self.higher = evaluator.primary.higher_is_better
+        self.higher = measurer.higher_is_better
 
-    def measure_costs(self, progress: bool) -> dict[tuple[str, str], float]:
+    def measure_costs(self, progress: Reporter | None) -> dict[tuple[str, str], float]:
         """The additive sensitivity model that seeds the search (see :func:`group_costs`)."""
-        return group_costs(self.prepared.graph, self.prepared.profile, self.groups,
-                           self._group_cost, progress)
+        return group_costs(self.graph, self.profile, self.groups, self._group_cost, progress)
 
     def _group_cost(self, group: Group, fmt: str) -> float:
-        """``group`` alone at ``fmt``, the rest float: relative output noise power plus the
-        metric drop on the search data."""
-        assignment = make_assignment(self.prepared.graph, self.prepared.profile,
-                                     dict.fromkeys(group.nodes, fmt))
-        result = self.evaluator.evaluate(self.quantizer.build(assignment),
-                                         limit=self.spec.sensitivity_limit)
-        self.evaluations += 1
+        """``group`` alone at ``fmt``, the rest float, on the sensitivity samples: relative
+        output noise power plus the metric drop. A one-node group is the analysis's row."""
+        samples = self.spec.sensitivity_limit
+        before = self.measurer.evaluations
+        result = self.measurer.measure(dict.fromkeys(group.nodes, fmt), samples=samples)
+        self.evaluations += self.measurer.evaluations - before
         sqnr = result.metrics.get("sqnr", math.inf)
         noise = 0.0 if not math.isfinite(sqnr) else 10.0 ** (-sqnr / 10.0)
-        reference = self.evaluator.metrics(self.evaluator.reference[: result.samples])
+        reference = self.measurer.fp32(samples).value
         sign = 1.0 if self.higher else -1.0
-        return noise + max(sign * (reference[self.evaluator.primary.name] - result.value), 0.0)
+        return noise + max(sign * (reference - result.value), 0.0)
 
     def assignment(self, choice: Mapping[str, int]) -> dict[str, str]:
         formats: dict[str, str] = {}
@@ -198,7 +197,7 @@ class _Objective:
         """Lower the least sensitive groups until the size limit holds (None if impossible)."""
         if self.max_size is None:
             return formats
-        graph, profile = self.prepared.graph, self.prepared.profile
+        graph, profile = self.graph, self.profile
         order = sorted(self.groups, key=lambda g: self.noise.get((g.name, g.formats[0]), 0.0))
         for group in order:
             if model_size(graph, profile, formats) <= self.max_size:
@@ -207,11 +206,9 @@ class _Objective:
         return formats if model_size(graph, profile, formats) <= self.max_size else None
 
     def values(self, metric: float, assignment: Assignment) -> tuple[float, ...]:
-        prepared = self.prepared
-        out = [metric, float(model_size(prepared.graph, prepared.profile, assignment))]
+        out = [metric, float(model_size(self.graph, self.profile, assignment))]
         if "latency" in self.spec.objectives:
-            latency = estimate_latency(prepared.graph, prepared.summary, prepared.profile,
-                                       assignment)
+            latency = estimate_latency(self.graph, self.summary, self.profile, assignment)
             out.append(float("nan") if latency is None else latency)
         return tuple(out)
 
@@ -222,7 +219,7 @@ class _Objective:
         if formats is None:
             trial.set_user_attr("rejected", "size limit cannot be met")
             raise optuna.TrialPruned("size limit cannot be met")
-        assignment = make_assignment(self.prepared.graph, self.prepared.profile, formats)
+        assignment = make_assignment(self.graph, self.profile, formats)
         key = assignment.key()
         trial.set_user_attr("assignment", assignment.to_dict())
         if key in self.cache:
@@ -234,37 +231,35 @@ class _Objective:
         return values
 
     def _measure(self, trial: optuna.Trial, assignment: Assignment) -> float:
-        start = time.perf_counter()
-        model = self.quantizer.build(assignment)
-        payload = model.SerializeToString()
-        built = time.perf_counter()
-        session = create_session(payload, threads=self.spec.threads, label=f"trial {trial.number}")
-        opened = time.perf_counter()
-        self.evaluations += 1
-        total = len(self.evaluator.data)
-        first = max(1, total // self.spec.chunks)
-        result = self.evaluator.evaluate(session, limit=first if self.spec.chunks > 1 else None)
+        """The metric on the search split: a first chunk, then the rest unless the trial is
+        already clearly dominated (pruned)."""
+        total = len(self.measurer.data)
+        first = max(1, total // self.spec.chunks) if self.spec.chunks > 1 else total
+        before = self.measurer.evaluations
+        result = self.measurer.measure(assignment, samples=first)
         if result.samples < total:
-            if self._hopeless(trial, result.value, result.samples, assignment):
-                self._time(start, built, opened)
+            if self._hopeless(result.value, result.samples, assignment):
+                self._account(result, before)
                 trial.set_user_attr("pruned_after", result.samples)
                 raise optuna.TrialPruned(f"metric {result.value:.4f} on {result.samples} "
                                          "samples cannot reach the front")
-            result = self.evaluator.evaluate(session)
-        self._time(start, built, opened)
+            result = self.measurer.measure(assignment)
+        self._account(result, before)
         trial.set_user_attr("metrics", dict(result.metrics))
         return result.value
 
-    def _time(self, start: float, built: float, opened: float) -> None:
-        self.timing["build"] += built - start
-        self.timing["session"] += opened - built
-        self.timing["inference"] += time.perf_counter() - opened
+    def _account(self, result: Measurement, before: int) -> None:
+        if self.measurer.evaluations == before:
+            return  # served from the measurer's cache
+        self.evaluations += 1
+        self.timing["build"] += result.build_s
+        self.timing["session"] += result.session_s
+        self.timing["inference"] += result.eval_s
 
-    def _hopeless(self, trial: optuna.Trial, metric: float, samples: int,
-                  assignment: Assignment) -> bool:
+    def _hopeless(self, metric: float, samples: int, assignment: Assignment) -> bool:
         """True when a finished trial at no larger size beats this one by a clear margin."""
         slack = 3.0 * math.sqrt(0.25 / samples)  # 3 standard errors of a proportion
-        size = model_size(self.prepared.graph, self.prepared.profile, assignment)
+        size = model_size(self.graph, self.profile, assignment)
         optimistic = metric + slack if self.higher else metric - slack
         if self.min_metric is not None and self._worse(optimistic, self.min_metric):
             return True
@@ -286,7 +281,7 @@ def _enqueue(study: optuna.Study, seeds: Sequence[Seed], groups: Sequence[Group]
     study.set_user_attr("seeded", True)
 
 
-def _costs(study: optuna.Study, objective: _Objective, progress: bool
+def _costs(study: optuna.Study, objective: _Objective, progress: Reporter | None
            ) -> dict[tuple[str, str], float]:
     """Group costs stored with the study, so a resumed search or a second worker reuses them."""
     stored = study.user_attrs.get("group_costs")
@@ -298,26 +293,28 @@ def _costs(study: optuna.Study, objective: _Objective, progress: bool
 
 
 def run_search(
-    prepared: Prepared, spec: SearchSpec, *, evaluator: Evaluator, run_dir: Path,
-    resume: bool = False, progress: bool = False,
+    measurer: Measurer, summary: ModelSummary, spec: SearchSpec, *, run_dir: Path,
+    resume: bool = False, progress: Reporter | None = None,
 ) -> SearchResult:
     """Run (or resume) the search until the study holds ``spec.trials`` finished trials."""
-    graph, profile = prepared.graph, prepared.profile
+    graph, profile = measurer.quantizer.graph, measurer.quantizer.profile
     groups = group_nodes(graph, profile, spec.formats)
     if not groups:
         raise SearchError(f"{graph.name}: no node can take a quantized format under profile "
                           f"'{profile.name}'; nothing to search")
-    fp32 = evaluator.fp32().value
+    higher = measurer.higher_is_better
+    fp32 = measurer.fp32().value
     min_metric = spec.min_metric
-    if spec.max_metric_drop is not None:
-        drop = fp32 - spec.max_metric_drop if evaluator.primary.higher_is_better else None
-        min_metric = drop if min_metric is None or drop is None else max(min_metric, drop)
+    if spec.max_metric_drop is not None:  # a drop is a loss either way round
+        floor = fp32 - spec.max_metric_drop if higher else fp32 + spec.max_metric_drop
+        min_metric = floor if min_metric is None else (max if higher else min)(min_metric,
+                                                                               floor)
     max_size = spec.max_size_bytes
     if spec.use_memory_budget and profile.memory_budget_bytes is not None:
         budget = profile.memory_budget_bytes
         max_size = budget if max_size is None else min(max_size, budget)
-    objective = _Objective(prepared, spec, groups, evaluator, min_metric, max_size)
-    directions = ["maximize" if evaluator.primary.higher_is_better else "minimize", "minimize"]
+    objective = _Objective(measurer, summary, spec, groups, min_metric, max_size)
+    directions = ["maximize" if higher else "minimize", "minimize"]
     if "latency" in spec.objectives:
         directions.append("minimize")
     study = open_study(spec, run_dir, directions=directions, resume=resume)
@@ -334,12 +331,12 @@ def run_search(
             optuna.study.MaxTrialsCallback(spec.trials, states=states)]  # shared storages
         if spec.explore > 0:
             callbacks.append(_explore_callback(objective, spec))
-        if progress:
-            callbacks.append(_progress_callback(spec.trials, done, objective))
+        if progress is not None:
+            callbacks.append(_progress_callback(spec.trials, objective, progress))
         study.optimize(objective, n_trials=remaining, timeout=spec.timeout_s,
                        gc_after_trial=False, callbacks=callbacks, catch=())
     records = _records(study)
-    front = _front(records, min_metric, evaluator.primary.higher_is_better)
+    front = _front(records, min_metric, higher)
     return SearchResult(trials=records, front=front, evaluations=objective.evaluations,
                         seconds=time.perf_counter() - start, timing=dict(objective.timing))
 
@@ -370,8 +367,7 @@ def _explore_callback(
             levels = move(groups, {g.name: int(point.params[g.name]) for g in groups},
                           objective.noise, rng)
             formats = objective.assignment(levels)
-            key = make_assignment(objective.prepared.graph, objective.prepared.profile,
-                                  formats).key()
+            key = make_assignment(objective.graph, objective.profile, formats).key()
             if key not in objective.cache:
                 study.enqueue_trial(levels, user_attrs={"source": "front neighbour"})
                 return
@@ -389,26 +385,20 @@ def _restore_cache(study: optuna.Study, objective: _Objective) -> None:
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         formats = trial.user_attrs.get("assignment")
         if formats:
-            assignment = make_assignment(objective.prepared.graph, objective.prepared.profile,
-                                         formats)
+            assignment = make_assignment(objective.graph, objective.profile, formats)
             objective.cache[assignment.key()] = tuple(trial.values)
 
 
 def _progress_callback(
-    total: int, done: int, objective: _Objective
+    total: int, objective: _Objective, report: Reporter
 ) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=total, initial=done, desc="search", unit="trial")
-
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        bar.update(1)
-        best = [t.values[0] for t in study.best_trials] if study.best_trials else [float("nan")]
-        pick = max(best) if objective.higher else min(best)
-        bar.set_postfix(front=len(study.best_trials), best=f"{pick:.4f}",
-                        evals=objective.evaluations)
-        if bar.n >= total:
-            bar.close()
+        best = [t.values[0] for t in study.best_trials]
+        info: dict[str, float | int] = {"front": len(best), "evals": objective.evaluations}
+        if best:
+            info["best"] = max(best) if objective.higher else min(best)
+        report(Progress(stage="search", done=min(_finished(study), total), total=total,
+                        unit="trial", info=info))
 
     return callback
 

@@ -112,7 +112,7 @@ class _App:
         return RedirectResponse(url, status_code=303)
 
     def _profiles(self) -> list[tuple[str, str]]:
-        from mpsearch.profiles import list_profiles
+        from mpsearch import list_profiles
 
         shipped = [(f"shipped:{n}", n) for n in list_profiles()]
         uploaded = [(f"upload:{u.id}", f"{u.info.get('profile')} (uploaded {u.name})")
@@ -121,7 +121,7 @@ class _App:
 
     def _resolve_profile(self, ref: str) -> tuple[str, str]:
         """A profile choice -> (what load_profile takes, a label)."""
-        from mpsearch.profiles import list_profiles
+        from mpsearch import list_profiles
 
         kind, _, name = ref.partition(":")
         if not ref:
@@ -175,7 +175,7 @@ class _App:
         return HTMLResponse(html, status_code=status)
 
     def _card(self, ref: str) -> str:
-        from mpsearch.profiles import load_profile
+        from mpsearch import load_profile
 
         return pages.profile_card(load_profile(self._resolve_profile(ref)[0]).to_dict())
 

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from mpsearch._io import write_json
+from mpsearch.rundir import write_json
 from mpsearch.serve._store import UploadError, new_id, valid_id
 
 __all__ = ["ACTIVE", "Job", "JobQueue"]

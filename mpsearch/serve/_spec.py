@@ -62,7 +62,7 @@ class JobConfig:
 
 def metric_names() -> tuple[str, ...]:
     """Built-in metric names (the only ones a served job may use)."""
-    from mpsearch.evaluate import METRICS  # onnxruntime comes with it: import on first use
+    from mpsearch import METRICS  # onnxruntime comes with it: import on first use
 
     return tuple(METRICS)
 
@@ -112,7 +112,7 @@ def _formats(form: Mapping[str, str], profile: str) -> tuple[str, ...] | None:
     """The data types to search (None: all of the profile's); float formats always stay."""
     if not _field(form, "formats_shown") and not _field(form, "formats"):
         return None
-    from mpsearch.profiles import load_profile
+    from mpsearch import load_profile
 
     hw = load_profile(profile)
     lower = [n for n, f in hw.formats.items()
@@ -167,7 +167,7 @@ def parse_form(form: Mapping[str, str], *, model: Path, data: Path, profile: str
 
 def _derived_profile(base: str, granularity: str) -> dict[str, Any]:
     """A profile extending ``base`` with every integer weight format at ``granularity``."""
-    from mpsearch.profiles import load_profile
+    from mpsearch import load_profile
 
     profile = load_profile(base)
     formats = {name: {"weight": {"granularity": granularity}}
@@ -183,7 +183,7 @@ def _derived_profile(base: str, granularity: str) -> dict[str, Any]:
 def write_spec(run_dir: Path, config: JobConfig, *, title: str) -> tuple[str, ...]:
     """Write ``spec.yaml`` (and ``hw_profile.yaml`` when needed) and check them as the CLI
     would; returns the command lines that redo the job."""
-    from mpsearch.profiles import load_profile
+    from mpsearch import load_profile
     from mpsearch.spec import load_spec
 
     profile = config.profile

@@ -25,8 +25,8 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
-from mpsearch._io import write_json
 from mpsearch.errors import MpsearchError
+from mpsearch.rundir import write_json
 
 __all__ = ["KINDS", "Store", "Upload", "UploadError", "copy_limited", "new_id", "valid_id"]
 
@@ -155,8 +155,7 @@ class Store:
     # -- models --------------------------------------------------------------------------
     def add_model(self, src: BinaryIO, name: str | None) -> Upload:
         """Store and load an ONNX model; its summary is saved beside it."""
-        from mpsearch.graph import load_model
-        from mpsearch.summary import summarize
+        from mpsearch import load_model, summarize
 
         shown = display_name(name, "model.onnx")
         upload_id, folder = self._new_dir("models")
@@ -176,7 +175,7 @@ class Store:
     # -- profiles ------------------------------------------------------------------------
     def add_profile(self, src: BinaryIO, name: str | None) -> Upload:
         """Store and validate a hardware profile YAML (it may extend a shipped profile)."""
-        from mpsearch.profiles import validate_profile_file
+        from mpsearch import validate_profile_file
 
         shown = display_name(name, "profile.yaml")
         upload_id, folder = self._new_dir("profiles")
@@ -227,8 +226,7 @@ class Store:
 
 
 def _check_data(path: Path, model: Upload) -> dict[str, Any]:
-    from mpsearch.data import check_signature, load_data
-    from mpsearch.graph import load_model
+    from mpsearch import check_signature, load_data, load_model
 
     dataset = load_data(path)
     check_signature(dataset, load_model(model.path))
@@ -248,7 +246,7 @@ def _decode_zip(archive: Path, folder: Path, target: Path, options: dict[str, An
     save the arrays (and the labels of class sub-folders) as the ``.npz`` ``target``."""
     import numpy as np
 
-    from mpsearch.data import ImageOptions, load_data
+    from mpsearch import ImageOptions, load_data
 
     _unzip_images(archive, folder, max_bytes)
     archive.unlink()
@@ -266,7 +264,7 @@ def _decode_zip(archive: Path, folder: Path, target: Path, options: dict[str, An
 
 def _unzip_images(archive: Path, dest: Path, max_bytes: int) -> None:
     """Unpack image files only, keeping safe relative folders (class names); no traversal."""
-    from mpsearch.data import IMAGE_SUFFIXES
+    from mpsearch import IMAGE_SUFFIXES
 
     suffixes = tuple(sorted(IMAGE_SUFFIXES))
     try:

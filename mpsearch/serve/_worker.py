@@ -1,15 +1,15 @@
 """One ``mpsearch serve`` job, run in its own process: ``python -m mpsearch.serve._worker``.
 
-Consumes a run directory prepared by :mod:`mpsearch._serve_jobs` (``job.json`` with the kind,
+Consumes a run directory prepared by :mod:`mpsearch.serve._jobs` (``job.json`` with the kind,
 ``spec.yaml`` with everything else); produces the same run directory the CLI writes, through
-the same Python API: an analysis is :func:`~mpsearch.pipeline.prepare` then
-:func:`~mpsearch.analysis.analyze`, a search is :func:`mpsearch.runs.search`, and both end with
-:func:`~mpsearch.report.write_report`. ``export RUN_DIR POINT OUT`` writes one front point with
-:func:`mpsearch.runs.export_point`.
+the same composer: an analysis is :func:`mpsearch.pipeline.analyze_run`, a search
+:func:`mpsearch.pipeline.search_run`, and both end with :func:`mpsearch.write_report`.
+``export RUN_DIR POINT OUT`` writes one front point with :func:`mpsearch.pipeline.export_point`.
 
-Progress bars go to stderr (the job log the server parses); a user-facing error is written as
-one line to ``RUN_DIR/error.txt`` and the exit status follows the CLI: 0 ok, 1 nothing
-feasible, 2 bad input, 3 internal error, 130 cancelled (SIGTERM).
+Progress goes to ``RUN_DIR/progress.jsonl`` as data (:class:`mpsearch.progress.JsonlProgress`),
+logs to stderr (the job log); a user-facing error is written as one line to
+``RUN_DIR/error.txt`` and the exit status follows the CLI: 0 ok, 1 nothing feasible, 2 bad
+input, 3 internal error, 130 cancelled (SIGTERM).
 """
 
 from __future__ import annotations
@@ -19,46 +19,32 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
 
 from mpsearch.errors import MpsearchError
+from mpsearch.progress import JsonlProgress
+from mpsearch.rundir import RunDir
+from mpsearch.spec import load_spec
 
 __all__ = ["main", "run_job"]
 
 logger = logging.getLogger("mpsearch.serve.worker")
 
-ERROR_FILE = "error.txt"
 
+def _analyze(run: RunDir, resume: bool) -> int:
+    from mpsearch.pipeline import analyze_run
 
-def _analyze(run_dir: Path, resume: bool) -> int:
-    from mpsearch import __version__
-    from mpsearch._io import write_json
-    from mpsearch.analysis import analyze
-    from mpsearch.pipeline import prepare
-    from mpsearch.spec import load_spec
-
-    spec = load_spec(run_dir / "spec.yaml")
-    prepared = prepare(spec.model, spec.profile, spec.data,
-                       calibration_samples=spec.calibration_samples, method=spec.method,
-                       seed=spec.data_seed, batch_size=spec.batch_size, threads=spec.threads,
-                       cache_dir=run_dir / "calibration", progress=True)
-    write_json(run_dir / "run.json", {
-        "model": spec.model, "profile": spec.profile, "data": spec.data, "spec": spec.path,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "mpsearch": __version__, "kind": "analysis"})
-    analyze(prepared, metric=spec.metric, formats=spec.formats, limit=spec.sensitivity_limit,
-            batch_size=spec.batch_size, threads=spec.threads, run_dir=run_dir, progress=True)
+    analyze_run(load_spec(run.spec_yaml), run, progress=JsonlProgress(run.progress_jsonl))
     return 0
 
 
-def _search(run_dir: Path, resume: bool) -> int:
-    from mpsearch.runs import search
-    from mpsearch.spec import load_spec
+def _search(run: RunDir, resume: bool) -> int:
+    from mpsearch.pipeline import search_run
 
-    run = search(load_spec(run_dir / "spec.yaml"), run_dir, resume=resume, progress=True)
-    return 0 if run.front else 1
+    result = search_run(load_spec(run.spec_yaml), run, resume=resume,
+                        progress=JsonlProgress(run.progress_jsonl))
+    return 0 if result.front.points else 1
 
 
 _KINDS = {"analysis": _analyze, "search": _search}
@@ -66,19 +52,20 @@ _KINDS = {"analysis": _analyze, "search": _search}
 
 def run_job(run_dir: Path) -> int:
     """Run the job of ``run_dir`` and write its report; the exit status (see module doc)."""
-    job = json.loads((run_dir / "job.json").read_text(encoding="utf-8"))
-    (run_dir / ERROR_FILE).unlink(missing_ok=True)
+    run = RunDir(run_dir)
+    job = json.loads(run.job_json.read_text(encoding="utf-8"))
+    run.error_txt.unlink(missing_ok=True)
     logger.info("%s: loading the model and data, calibrating", job["kind"])
-    status = _KINDS[job["kind"]](run_dir, bool(job.get("resume")))
+    status = _KINDS[job["kind"]](run, bool(job.get("resume")))
     logger.info("%s done; writing the report", job["kind"])
-    from mpsearch.report import write_report
+    from mpsearch import write_report
 
     write_report(run_dir)
     return status
 
 
 def _export(run_dir: Path, point: int, out: Path) -> int:
-    from mpsearch.runs import export_point
+    from mpsearch.pipeline import export_point
 
     result = export_point(run_dir, point, out)
     print(json.dumps({"path": str(result.path), "size": result.size,
@@ -115,7 +102,7 @@ def _error(run_dir: Path, args: Sequence[str], message: str) -> None:
     line = " ".join(message.split()) or "failed"
     print(f"mpsearch: error: {line}", file=sys.stderr)
     if args[:1] != ["export"]:
-        (run_dir / ERROR_FILE).write_text(line + "\n", encoding="utf-8")
+        RunDir(run_dir).error_txt.write_text(line + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,219 @@
+"""The one measurer: build, open and score an assignment once, for the analysis and the search.
+
+Consumes a :class:`~mpsearch.quantize.Quantizer` (graph, calibration table, profile) and an
+:class:`~mpsearch.evaluate.Evaluator` (the data and its FP32 outputs); produces a frozen
+:class:`Measurement` per (assignment, sample count), cached by :func:`assignment_key` in one
+mapping (the run directory's ``cache/measurements.json``), so a configuration the analysis
+measured is never measured again by the search, nor by a rerun.
+
+An assignment is measured on the first ``samples`` samples of the evaluator's data (all by
+default). A measurement on more samples of the configuration measured last continues from
+where that one stopped (the search's early pruning looks at a first chunk, then completes the
+survivors) instead of running the first samples again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from mpsearch.data import Dataset
+from mpsearch.evaluate import Evaluator, resolve_metric
+from mpsearch.quantize import Quantizer
+from mpsearch.runtime import Session
+
+__all__ = ["Measurement", "Measurer", "assignment_key", "output_kl"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Measurement:
+    """Metrics of one assignment against FP32, with where the time went."""
+
+    metrics: Mapping[str, float]
+    primary: str
+    kl: float | None = None
+    samples: int = 0
+    build_s: float = 0.0
+    session_s: float = 0.0
+    eval_s: float = 0.0
+
+    @property
+    def value(self) -> float:
+        return self.metrics[self.primary]
+
+    @property
+    def sqnr(self) -> float | None:
+        return self.metrics.get("sqnr")
+
+    @property
+    def seconds(self) -> float:
+        return self.build_s + self.session_s + self.eval_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metrics": dict(self.metrics), "primary": self.primary, "kl": self.kl,
+                "samples": self.samples, "build_s": self.build_s,
+                "session_s": self.session_s, "eval_s": self.eval_s}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
+        """Inverse of :meth:`to_dict` after a JSON round trip (null SQNR is +inf)."""
+        metrics = {k: (math.inf if k == "sqnr" else math.nan) if v is None else float(v)
+                   for k, v in data["metrics"].items()}
+        return cls(metrics=MappingProxyType(metrics), primary=str(data["primary"]),
+                   kl=data.get("kl"), samples=int(data.get("samples", 0)),
+                   build_s=float(data.get("build_s", 0.0)),
+                   session_s=float(data.get("session_s", 0.0)),
+                   eval_s=float(data.get("eval_s", 0.0)))
+
+
+def output_kl(reference: np.ndarray, outputs: np.ndarray) -> float | None:
+    """Mean KL(softmax(reference) || softmax(outputs)) over samples, for [N, classes] outputs.
+
+    Outputs that are already probabilities (non-negative rows summing to 1) are used as they
+    are. None for outputs that are not class scores.
+    """
+    if reference.ndim != 2 or reference.shape[1] < 2:
+        return None
+    ref, out = reference.astype(np.float64), outputs.astype(np.float64)
+    if (ref >= 0).all() and np.allclose(ref.sum(axis=1), 1.0, atol=1e-3):
+        logp = np.log(np.clip(ref, 1e-12, None))
+        logq = np.log(np.clip(out, 1e-12, None))
+    else:
+        logp = ref - ref.max(axis=1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
+        logq = out - out.max(axis=1, keepdims=True)
+        logq -= np.log(np.exp(logq).sum(axis=1, keepdims=True))
+    return float(np.mean(np.sum(np.exp(logp) * (logp - logq), axis=1)))
+
+
+def assignment_key(formats: Mapping[str, str]) -> str:
+    """Short stable key of the quantized part of an assignment (node -> format)."""
+    text = json.dumps(sorted(formats.items()), separators=(",", ":"))
+    return hashlib.sha1(text.encode()).hexdigest()[:20]
+
+
+@dataclass(slots=True)
+class _Open:
+    """The configuration measured last: its session and the outputs gathered so far."""
+
+    key: str
+    session: Session
+    outputs: list[np.ndarray]
+    build_s: float
+    session_s: float
+    eval_s: float
+
+
+class Measurer:
+    """Scores assignments end to end: one build, one session and one pass per assignment.
+
+    Measures on ``data`` against the FP32 model's outputs, through an
+    :class:`~mpsearch.evaluate.Evaluator` made on the first cache miss (so a fully cached
+    rerun never runs the FP32 model). ``cache`` maps ``"<assignment_key>@<samples>"`` to
+    :meth:`Measurement.to_dict` rows; ``on_new`` is called after each new entry.
+    ``evaluations`` counts the configurations measured (cache misses) and ``measured`` lists
+    their cache keys in order.
+    """
+
+    def __init__(
+        self, quantizer: Quantizer, data: Dataset, *, metric: str | None = None,
+        batch_size: int = 64, threads: int = 2,
+        cache: MutableMapping[str, Any] | None = None,
+        on_new: Callable[[], None] | None = None,
+    ) -> None:
+        self.quantizer = quantizer
+        self.data = data
+        self.metric = metric
+        self.batch_size = batch_size
+        self.threads = threads
+        self.cache: MutableMapping[str, Any] = {} if cache is None else cache
+        self.on_new = on_new
+        self.evaluations = 0
+        self.measured: list[str] = []
+        self._evaluator: Evaluator | None = None
+        self._open: _Open | None = None
+
+    @property
+    def evaluator(self) -> Evaluator:
+        """The evaluator over ``data`` (runs the FP32 model once, on first use)."""
+        if self._evaluator is None:
+            self._evaluator = Evaluator(self.quantizer.graph, self.data, metric=self.metric,
+                                        batch_size=self.batch_size, threads=self.threads)
+        return self._evaluator
+
+    @property
+    def higher_is_better(self) -> bool:
+        """Direction of the primary metric."""
+        if self._evaluator is not None:
+            return self._evaluator.primary.higher_is_better
+        return resolve_metric(self.fp32().primary).higher_is_better
+
+    def canonical(self, formats: Mapping[str, str]) -> dict[str, str]:
+        """``formats`` without the nodes left at the profile's float format (the same model)."""
+        default = self.quantizer.profile.default_format
+        return {node: fmt for node, fmt in formats.items() if fmt != default}
+
+    def count(self, samples: int | None) -> int:
+        """How many samples a measurement on the first ``samples`` uses (None: all)."""
+        total = len(self.data)
+        return total if samples is None else max(1, min(samples, total))
+
+    def fp32(self, samples: int | None = None) -> Measurement:
+        """The FP32 model's own metrics on the first ``samples`` samples (SQNR +inf)."""
+        count = self.count(samples)
+        key = f"fp32@{count}"
+        if key not in self.cache:
+            evaluator = self.evaluator
+            metrics = evaluator.metrics(evaluator.reference[:count])
+            self.cache[key] = Measurement(metrics=MappingProxyType(metrics),
+                                          primary=evaluator.primary.name, kl=0.0,
+                                          samples=count).to_dict()
+        return Measurement.from_dict(self.cache[key])
+
+    def measure(self, formats: Mapping[str, str], *, samples: int | None = None) -> Measurement:
+        """Metrics of the model with ``formats`` (node -> format; other nodes float) on the
+        first ``samples`` samples of the data (all by default)."""
+        canonical = self.canonical(formats)
+        base = assignment_key(canonical)
+        count = self.count(samples)
+        key = f"{base}@{count}"
+        if key in self.cache:
+            return Measurement.from_dict(self.cache[key])
+        evaluator = self.evaluator
+        state = self._continue(base, canonical)
+        start = time.perf_counter()
+        done = sum(len(part) for part in state.outputs)
+        for feeds in self.data.batches(self.batch_size, start=done, stop=count):
+            state.outputs.append(state.session.run(feeds, [evaluator.output])[evaluator.output])
+        state.eval_s += time.perf_counter() - start
+        outputs = np.concatenate(state.outputs, axis=0)[:count]
+        result = Measurement(
+            metrics=MappingProxyType(evaluator.metrics(outputs)), primary=evaluator.primary.name,
+            kl=output_kl(evaluator.reference[:count], outputs), samples=len(outputs),
+            build_s=state.build_s, session_s=state.session_s, eval_s=state.eval_s)
+        self.evaluations += 1
+        self.measured.append(key)
+        self.cache[key] = result.to_dict()
+        if self.on_new is not None:
+            self.on_new()
+        return result
+
+    def _continue(self, base: str, formats: Mapping[str, str]) -> _Open:
+        """The open state of ``base`` (the configuration measured last), else a new one."""
+        if self._open is not None and self._open.key == base:
+            return self._open
+        start = time.perf_counter()
+        model = self.quantizer.build(formats)
+        built = time.perf_counter()
+        session = self.evaluator.session(model)
+        self._open = _Open(key=base, session=session, outputs=[], build_s=built - start,
+                           session_s=time.perf_counter() - built, eval_s=0.0)
+        return self._open

@@ -1,0 +1,43 @@
+"""Progress reports rendered as tqdm bars on stderr (one bar per stage, closed when it ends)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tqdm import tqdm
+
+from mpsearch.progress import Progress
+
+__all__ = ["BarProgress"]
+
+
+class BarProgress:
+    """A :data:`mpsearch.progress.Reporter` drawing one tqdm bar for the current stage."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._stage: str | None = None
+        self._bar: Any = None
+
+    def __call__(self, progress: Progress) -> None:
+        if not self.enabled:
+            return
+        if progress.stage != self._stage:
+            self.close()
+            self._stage = progress.stage
+            self._bar = tqdm(total=progress.total, desc=progress.stage, unit=progress.unit,
+                             leave=False)
+        bar = self._bar
+        if progress.total is not None and bar.total != progress.total:
+            bar.total = progress.total
+        bar.update(progress.done - bar.n)
+        if progress.info:
+            bar.set_postfix({k: f"{v:.4f}" if isinstance(v, float) else v
+                             for k, v in progress.info.items()}, refresh=False)
+        if progress.total is not None and progress.done >= progress.total:
+            self.close()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        self._bar, self._stage = None, None

@@ -1,0 +1,86 @@
+"""The composer: one measurer shared by the analysis and the search, time budgets, run-directory
+round trips, and the metric-drop constraint for a lower-is-better metric."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from mpsearch import load_model, load_profile
+from mpsearch.analysis import assignment_key
+from mpsearch.demo import DEMO_DATA, DEMO_MODEL
+from mpsearch.pipeline import SearchRun, search_run
+from mpsearch.rundir import Front, RunDir
+from mpsearch.search import group_nodes
+from mpsearch.spec import SearchSpec, load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _spec(**changes: object) -> SearchSpec:
+    base = SearchSpec(model=str(DEMO_MODEL), profile="x86_ort_auto", data=str(DEMO_DATA),
+                      calibration_samples=64, metric="accuracy", trials=12,
+                      sensitivity_limit=64, seed=0)
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory: pytest.TempPathFactory) -> SearchRun:
+    return search_run(_spec(), tmp_path_factory.mktemp("run"))
+
+
+def test_search_measures_no_single_node_configuration_twice(searched: SearchRun) -> None:
+    """The analysis's rows are the search's one-node group costs: every (node, format) alone is
+    measured exactly once, and no configuration twice on the same samples."""
+    analysis = searched.analysis
+    assert analysis is not None and analysis.sensitivity
+    measured = list(searched.measured)
+    assert len(measured) == len(set(measured))
+    bases = [key.partition("@")[0] for key in measured]
+    for row in analysis.sensitivity:
+        assert bases.count(assignment_key({row.node: row.format})) == 1, row
+    resolved = json.loads((searched.run_dir / "run.json").read_text())["resolved_profile"]
+    groups = group_nodes(load_model(DEMO_MODEL), load_profile(resolved))
+    single = [g for g in groups if len(g.nodes) == 1]
+    assert single  # the demo has one-node groups, whose costs came from the rows above
+
+
+def test_front_json_round_trips_through_rundir(searched: SearchRun) -> None:
+    run = RunDir(searched.run_dir)
+    front = run.read_front()
+    assert isinstance(front, Front) and front == searched.front
+    assert json.loads(run.front_json.read_text()) == front.to_dict()
+    assert front.objectives == ("metric", "size")
+    spec = load_spec(run.spec_yaml)  # the run directory's spec reads back as the same spec
+    assert dataclasses.replace(spec, path=None) == _spec()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "searches").glob("*.yaml")), ids=lambda p: p.stem)
+def test_spec_to_yaml_round_trips(path: Path, tmp_path: Path) -> None:
+    spec = load_spec(path)
+    copy = tmp_path / "copy.yaml"
+    copy.write_text(spec.to_yaml())
+    assert dataclasses.replace(load_spec(copy), path=None) == dataclasses.replace(spec, path=None)
+
+
+def test_time_budget_ends_the_search_with_a_saved_front(tmp_path: Path) -> None:
+    run = search_run(_spec(trials=10_000, timeout_s=4.0, analysis=False), tmp_path / "run")
+    complete = [r for r in run.result.trials if r.state in ("complete", "pruned")]
+    assert 0 < len(complete) < 10_000
+    saved = RunDir(run.run_dir).read_front()
+    assert saved.points and saved == run.front
+
+
+def test_max_metric_drop_binds_a_lower_is_better_metric(tmp_path: Path) -> None:
+    """mse: FP32 scores 0; a drop of 1e-4 admits only points within 1e-4 of it."""
+    run = search_run(_spec(metric="mse", max_metric_drop=1e-4, trials=8, analysis=False),
+                     tmp_path / "run")
+    assert run.front.fp32.metric == 0.0 and run.front.higher_is_better is False
+    searched = [r for r in run.result.trials if r.metric is not None]
+    assert any(r.metric > 1e-4 for r in searched)  # uniform INT8 is worse than that
+    assert run.front.points
+    assert all(p.search_metric is not None and p.search_metric <= 1e-4
+               for p in run.front.points)
