@@ -63,6 +63,10 @@ __all__ = ["BuiltModel", "DryRun", "Prepared", "SearchRun",
 
 logger = logging.getLogger(__name__)
 
+#: In a search, the report's extra views (the reverse view and the curves) measure at most this
+#: many configurations each; ``mpsearch analyze`` measures them whole.
+REPORT_VIEW_NODES = 16
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Prepared:
@@ -156,7 +160,7 @@ def _measurer(prepared: Prepared, data: Dataset, run: RunDir | None, name: str, 
            "samples": len(data), "profile": prepared.profile.name,
            "profile_digest": hashlib.sha256(profile_text.encode()).hexdigest()[:16],
            "method": prepared.method, "metric": metric, "onnxruntime": ort_version()}
-    cache = None if run is None else run.measurement_cache(key)
+    cache = None if run is None else run.measurement_cache(name, key)
     return Measurer(prepared.quantizer(), data, metric=metric, batch_size=batch_size,
                     threads=threads, cache=cache, on_new=None if cache is None else cache.changed)
 
@@ -175,7 +179,7 @@ def _flush(measurer: Measurer) -> None:
 
 def _write_inputs(run: RunDir, spec: SearchSpec, prepared: Prepared, kind: str) -> None:
     run.create()
-    run.spec_yaml.write_text(spec.to_yaml(), encoding="utf-8")
+    run.write_spec(spec)
     run.write_inputs(spec=spec.to_dict(), summary=prepared.summary.to_dict(),
                      profile=prepared.profile.to_dict(),
                      run={"kind": kind, "model": spec.model, "profile": spec.profile,
@@ -272,7 +276,8 @@ def search_run(
         analysis = None
         if spec.analysis:  # the report's node-level views; the search reuses every row
             analysis = analyze(measurer, formats=spec.formats, samples=spec.sensitivity_limit,
-                               progress=progress)
+                               reverse_top=REPORT_VIEW_NODES,
+                               curve_max_steps=REPORT_VIEW_NODES, progress=progress)
             write_analysis(run, analysis, prepared)
         result = run_search(measurer, prepared.summary, spec, run_dir=run.path, resume=resume,
                             progress=progress)

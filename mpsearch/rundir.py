@@ -23,9 +23,10 @@ from typing import Any
 
 from mpsearch._io import atomic_write, write_json
 from mpsearch.errors import SearchError
+from mpsearch.spec import SearchSpec
 
-__all__ = ["Baseline", "Front", "FrontPoint", "MeasurementCache", "RunDir", "read_json",
-           "write_json"]
+__all__ = ["Baseline", "Front", "FrontPoint", "MeasurementCache", "RunDir", "atomic_write",
+           "read_json", "write_json"]
 
 logger = logging.getLogger(__name__)
 
@@ -148,21 +149,28 @@ class Front:
 
 
 class MeasurementCache(dict[str, Any]):
-    """``cache/measurements.json``: every measurement of the run's measurer, keyed by the
-    inputs' fingerprints; entries made for other inputs are dropped on load. Flushed at most
-    every few seconds while measuring, and by :meth:`flush`."""
+    """One data split's section of ``cache/measurements.json``: every measurement of that
+    split's measurer, valid while the inputs' fingerprints (``key``) match; a section made for
+    other inputs is dropped on load. Flushed at most every few seconds while measuring, and by
+    :meth:`flush` (which keeps the other splits' sections)."""
 
-    def __init__(self, path: Path | None, key: Mapping[str, Any]) -> None:
+    def __init__(self, path: Path | None, split: str, key: Mapping[str, Any]) -> None:
         super().__init__()
         self.path = path
+        self.split = split
         self.key = dict(key)
         self._last = time.monotonic()
-        stored = read_json(path) if path is not None and path.is_file() else None
-        if isinstance(stored, dict) and stored.get("key") == self.key:
-            self.update(stored.get("entries", {}))
-            logger.info("%s: %d cached measurements", path, len(self))
-        elif stored is not None:
-            logger.info("%s: the cache is for other inputs; measuring again", path)
+        section = self._sections().get(split)
+        if isinstance(section, dict) and section.get("key") == self.key:
+            self.update(section.get("entries", {}))
+            logger.info("%s: %d cached %s measurements", path, len(self), split)
+        elif section is not None:
+            logger.info("%s: the %s cache is for other inputs; measuring again", path, split)
+
+    def _sections(self) -> dict[str, Any]:
+        stored = read_json(self.path) if self.path is not None else None
+        sections = stored.get("splits") if isinstance(stored, dict) else None
+        return sections if isinstance(sections, dict) else {}
 
     def changed(self) -> None:
         if time.monotonic() - self._last > _FLUSH_SECONDS:
@@ -171,7 +179,18 @@ class MeasurementCache(dict[str, Any]):
     def flush(self) -> None:
         self._last = time.monotonic()
         if self.path is not None:
-            write_json(self.path, {"key": self.key, "entries": dict(self)})
+            sections = self._sections()
+            sections[self.split] = {"key": self.key, "entries": dict(self)}
+            write_json(self.path, {"splits": sections})
+
+
+def _leading_comments(lines: Sequence[str]) -> list[str]:
+    out = []
+    for line in lines:
+        if not line.startswith("#"):
+            break
+        out.append(line)
+    return out
 
 
 class RunDir:
@@ -203,6 +222,7 @@ class RunDir:
         self.job_json = p / "job.json"
         self.job_log = p / "job.log"
         self.error_txt = p / "error.txt"
+        self.hw_profile_yaml = p / "hw_profile.yaml"  # a profile a serve job derived
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -212,6 +232,14 @@ class RunDir:
         return self
 
     # -- inputs ----------------------------------------------------------------------------
+    def write_spec(self, spec: SearchSpec, header: str = "") -> None:
+        """``spec.yaml``: ``spec`` as YAML that ``load_spec`` reads back, under ``header``
+        (comment lines; by default the comment lines the file already starts with)."""
+        if not header and self.spec_yaml.is_file():
+            lines = self.spec_yaml.read_text(encoding="utf-8").splitlines(keepends=True)
+            header = "".join(line for line in _leading_comments(lines))
+        atomic_write(self.spec_yaml, (header + spec.to_yaml()).encode())
+
     def write_inputs(self, *, spec: Mapping[str, Any], summary: Mapping[str, Any],
                      profile: Mapping[str, Any], run: Mapping[str, Any]) -> None:
         """``spec.json``, ``summary.json``, ``profile.json`` and ``run.json`` (with the time)."""
@@ -225,8 +253,8 @@ class RunDir:
         found = read_json(self.run_json)
         return found if isinstance(found, dict) else {}
 
-    def measurement_cache(self, key: Mapping[str, Any]) -> MeasurementCache:
-        return MeasurementCache(self.measurements, key)
+    def measurement_cache(self, split: str, key: Mapping[str, Any]) -> MeasurementCache:
+        return MeasurementCache(self.measurements, split, key)
 
     # -- analysis --------------------------------------------------------------------------
     def write_analysis(self, analysis: Mapping[str, Any], *, curve: Mapping[str, Any],

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from mpsearch import load_model, load_profile
+from mpsearch import load_model, load_profile, write_report
 from mpsearch.analysis import assignment_key
+from mpsearch.analysis._analysis import curve_steps
 from mpsearch.demo import DEMO_DATA, DEMO_MODEL
-from mpsearch.pipeline import SearchRun, search_run
+from mpsearch.pipeline import REPORT_VIEW_NODES, SearchRun, search_run
 from mpsearch.rundir import Front, RunDir
 from mpsearch.search import group_nodes
 from mpsearch.spec import SearchSpec, load_spec
@@ -46,6 +47,33 @@ def test_search_measures_no_single_node_configuration_twice(searched: SearchRun)
     groups = group_nodes(load_model(DEMO_MODEL), load_profile(resolved))
     single = [g for g in groups if len(g.nodes) == 1]
     assert single  # the demo has one-node groups, whose costs came from the rows above
+
+
+def test_report_views_are_bounded_and_say_so(searched: SearchRun) -> None:
+    """In a search the reverse view and the curves measure at most REPORT_VIEW_NODES
+    configurations each; the analysis and the report name the subsets."""
+    analysis = searched.analysis
+    assert analysis is not None
+    nodes = len({r.node for r in analysis.sensitivity})
+    assert nodes > REPORT_VIEW_NODES
+    assert len(analysis.reverse) == REPORT_VIEW_NODES
+    for order in ("topological", "sensitivity"):
+        steps = [p.step for p in analysis.curve if p.order == order]
+        assert steps == [0, *curve_steps(nodes, REPORT_VIEW_NODES)] and steps[-1] == nodes
+    search_split = (450 - 64) // 2  # the demo's samples less calibration, half held out
+    assert analysis.notes == (
+        f"every configuration measured on the first 64 of {search_split} samples",
+        f"reverse view: the {REPORT_VIEW_NODES} most sensitive of {nodes} nodes",
+        f"curves: {REPORT_VIEW_NODES} evenly spaced of {nodes} steps")
+    html = write_report(searched.run_dir).read_text()
+    assert "From subsets: every configuration measured on the first 64 of " in html
+    assert "reverse view: the 16 most sensitive of 36 nodes" in html
+
+
+def test_curve_steps_keep_the_ends() -> None:
+    assert curve_steps(5, None) == [1, 2, 3, 4, 5]
+    assert curve_steps(5, 8) == [1, 2, 3, 4, 5]
+    assert curve_steps(36, 4) == [1, 13, 24, 36]
 
 
 def test_front_json_round_trips_through_rundir(searched: SearchRun) -> None:

@@ -82,7 +82,8 @@ class Analysis:
 
     ``sensitivity``: one row per (node, format), topological order. ``reverse``: the gain of
     restoring each node to FP32 from ``reverse_base`` (each node in its lowest analyzed format).
-    ``mode`` is ``end_to_end`` or ``proxy``. ``timing`` holds the mean seconds per
+    ``notes`` names the views computed on a subset. ``mode`` is ``end_to_end`` or ``proxy``.
+    ``timing`` holds the mean seconds per
     configuration (``build_s``, ``session_s``, ``eval_s``) of the configurations measured.
     """
 
@@ -104,6 +105,7 @@ class Analysis:
     seconds: float
     timing: Mapping[str, float] = field(default_factory=dict)
     key: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
 
     def ranking(self, fmt: str | None = None) -> tuple[str, ...]:
         """Node names, most sensitive first, for ``fmt`` (default: the lowest analyzed format)."""
@@ -127,18 +129,21 @@ class Analysis:
             "reverse": {"base": None if self.reverse_base is None else dict(self.reverse_base),
                         "rows": [r.to_dict() for r in self.reverse]},
             "evaluations": self.evaluations, "seconds": self.seconds,
-            "timing": dict(self.timing), "key": dict(self.key),
+            "timing": dict(self.timing), "key": dict(self.key), "notes": list(self.notes),
         }
 
 
 def measure_curve(
     measurer: Measurer, target: Mapping[str, str], orders: Mapping[str, Sequence[str]], *,
-    samples: int | None = None, progress: Reporter | None = None,
+    samples: int | None = None, max_steps: int | None = None,
+    progress: Reporter | None = None,
 ) -> tuple[CurvePoint, ...]:
     """Nodes quantized cumulatively (node -> ``target`` format) in each named order, on the
     first ``samples`` samples.
 
-    Step 0 is the FP32 model; step k quantizes the first k nodes of the order.
+    Step 0 is the FP32 model; step k quantizes the first k nodes of the order. With
+    ``max_steps``, only that many steps of each order are measured, evenly spaced, the last
+    (every node quantized) included; a point's ``node`` is the last node its step added.
     """
     graph, profile = measurer.quantizer.graph, measurer.quantizer.profile
     fp32 = measurer.fp32(samples)
@@ -158,13 +163,20 @@ def measure_curve(
     points = []
     for name, sequence in orders.items():
         points.append(point(name, 0, None, fp32, {}))
-        current: dict[str, str] = {}
-        for step, node in enumerate(steps(sequence, f"curve ({name})", progress, unit="cfg"),
-                                    start=1):
-            current[node] = target[node]
-            points.append(point(name, step, node, measurer.measure(current, samples=samples),
-                                current))
+        chosen = curve_steps(len(sequence), max_steps)
+        for step in steps(chosen, f"curve ({name})", progress, unit="cfg"):
+            current = {node: target[node] for node in sequence[:step]}
+            points.append(point(name, step, sequence[step - 1],
+                                measurer.measure(current, samples=samples), current))
     return tuple(points)
+
+
+def curve_steps(count: int, max_steps: int | None) -> list[int]:
+    """Steps 1..``count``, or ``max_steps`` of them evenly spaced with the last one kept."""
+    if max_steps is None or count <= max_steps:
+        return list(range(1, count + 1))
+    spaced = {round(1 + i * (count - 1) / (max_steps - 1)) for i in range(max_steps)}
+    return sorted(spaced | {count})
 
 
 def analysis_formats(profile: HardwareProfile, formats: Sequence[str] | None
@@ -235,6 +247,7 @@ def analyze(
     measurer: Measurer, *, formats: Sequence[str] | None = None, proxy: bool = False,
     reverse: bool | None = None, curve: bool | None = None, distributions: bool = True,
     thresholds: Thresholds | None = None, samples: int | None = None, proxy_samples: int = 32,
+    reverse_top: int | None = None, curve_max_steps: int | None = None,
     progress: Reporter | None = None,
 ) -> Analysis:
     """Per-node sensitivity (end to end, or the fast ``proxy``), reverse view, curve and
@@ -243,6 +256,9 @@ def analyze(
 
     ``formats`` defaults to every lower-precision format of the profile. ``reverse`` and
     ``curve`` default to on, except in proxy mode (meant for models too large for them).
+    ``reverse_top`` restores only that many nodes, the most sensitive first, and
+    ``curve_max_steps`` measures that many evenly spaced steps of each curve: bounded report
+    views, named in :attr:`Analysis.notes`.
     """
     start = time.perf_counter()
     before = measurer.evaluations
@@ -258,12 +274,24 @@ def analyze(
         rows = measure_sensitivity(measurer, targets, order, samples=samples, progress=progress)
     rows = rank_sensitivity(rows, thresholds)
     lowest = {node.name: fmts[0] for node, fmts in targets}
-    base, gains = (_reverse(measurer, lowest, targets, order, samples, progress)
+    orders = _orders(rows, lowest, order)
+    notes = []
+    if samples is not None and samples < len(measurer.data):
+        notes.append(f"every configuration measured on the first {samples} of "
+                     f"{len(measurer.data)} samples")
+    restored = [n for n, _ in targets]
+    if reverse_top is not None and reverse_top < len(restored):
+        top = set(orders["sensitivity"][::-1][:reverse_top])
+        restored = [n for n in restored if n.name in top]
+        notes.append(f"reverse view: the {reverse_top} most sensitive of {len(targets)} nodes")
+    base, gains = (_reverse(measurer, lowest, restored, order, samples, progress)
                    if (reverse if reverse is not None else not proxy) else (None, ()))
     points: tuple[CurvePoint, ...] = ()
     if curve if curve is not None else not proxy:
-        points = measure_curve(measurer, lowest, _orders(rows, lowest, order), samples=samples,
-                               progress=progress)
+        points = measure_curve(measurer, lowest, orders, samples=samples,
+                               max_steps=curve_max_steps, progress=progress)
+        if curve_max_steps is not None and curve_max_steps < len(lowest):
+            notes.append(f"curves: {curve_max_steps} evenly spaced of {len(lowest)} steps")
     dists = (analyze_distributions(graph, profile, quantizer.table, formats=wanted,
                                    method=quantizer.method) if distributions else ())
     fp32 = measurer.fp32(samples)
@@ -273,18 +301,17 @@ def analyze(
         samples=fp32.samples, mode="proxy" if proxy else "end_to_end", formats=wanted,
         thresholds=thresholds, sensitivity=rows, reverse_base=base, reverse=gains,
         curve=points, distributions=dists, evaluations=measurer.evaluations - before,
-        seconds=time.perf_counter() - start, timing=_timing(rows))
+        seconds=time.perf_counter() - start, timing=_timing(rows), notes=tuple(notes))
     logger.info("analyzed %d (node, format) pairs of %s in %.1f s (%d evaluations)",
                 len(rows), graph.name, analysis.seconds, analysis.evaluations)
     return analysis
 
 
-def _reverse(measurer: Measurer, lowest: Mapping[str, str],
-             targets: Sequence[tuple[Node, tuple[str, ...]]], order: Mapping[str, int],
-             samples: int | None, progress: Reporter | None
+def _reverse(measurer: Measurer, lowest: Mapping[str, str], nodes: Sequence[Node],
+             order: Mapping[str, int], samples: int | None, progress: Reporter | None
              ) -> tuple[dict[str, Any], tuple[RestoreGain, ...]]:
-    reference, gains = measure_reverse(measurer, lowest, [n for n, _ in targets], order,
-                                       samples=samples, progress=progress)
+    reference, gains = measure_reverse(measurer, lowest, nodes, order, samples=samples,
+                                       progress=progress)
     base = {"formats": dict(lowest), "metric": reference.value, "sqnr": reference.sqnr,
             "metrics": dict(reference.metrics), "kl": reference.kl}
     return base, gains

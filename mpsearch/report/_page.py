@@ -306,12 +306,14 @@ def _profile_html(profile: Any) -> str:
                if sources else ""))
 
 
-def _sensitivity_html(charts: Mapping[str, Any]) -> str:
+def _sensitivity_html(charts: Mapping[str, Any], notes: Sequence[str] = ()) -> str:
     if "chart-sensitivity" not in charts:
         return _not_run("Sensitivity analysis", "sensitivity.json", "Run `mpsearch analyze`.")
     reverse = (_REVERSE_NOTE + _chart("chart-reverse", charts) if "chart-reverse" in charts
                else _REVERSE_NOT_RUN)
-    return (_SENSITIVITY_NOTE + _chart("chart-sensitivity", charts)
+    subsets = ("" if not notes else '<p class="muted" id="analysis-notes">From subsets: '
+               + "; ".join(esc(n) for n in notes) + ".</p>")
+    return (_SENSITIVITY_NOTE + subsets + _chart("chart-sensitivity", charts)
             + '<h3 id="reverse">Gain when restored to FP32</h3>' + reverse)
 
 
@@ -354,7 +356,8 @@ def render_page(files: Mapping[str, Any], payload: Mapping[str, Any],
     sections = [
         ("summary", "Model summary", _summary_html(files.get("summary.json"), charts)),
         ("profile", "Hardware profile", _profile_html(files.get("profile.json"))),
-        ("sensitivity", "Sensitivity per node", _sensitivity_html(charts)),
+        ("sensitivity", "Sensitivity per node",
+         _sensitivity_html(charts, (files.get("sensitivity.json") or {}).get("notes") or ())),
         ("distributions", "Weight and activation distributions", _distributions_html(dist_nodes)),
         ("curve", "Node-by-node curve", _chart("chart-curve", charts) or _not_run(
             "Node-by-node curve", "curve.json", "Run `mpsearch analyze`.")),

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from mpsearch.errors import MpsearchError
+from mpsearch.rundir import RunDir, atomic_write
 from mpsearch.serve._store import UploadError
 from mpsearch.spec import METHODS
 
@@ -184,34 +185,26 @@ def write_spec(run_dir: Path, config: JobConfig, *, title: str) -> tuple[str, ..
     """Write ``spec.yaml`` (and ``hw_profile.yaml`` when needed) and check them as the CLI
     would; returns the command lines that redo the job."""
     from mpsearch import load_profile
-    from mpsearch.spec import load_spec
+    from mpsearch.spec import SearchSpec, load_spec
 
     profile = config.profile
     if config.granularity != "profile":
-        derived = run_dir / "hw_profile.yaml"
-        derived.write_text(yaml.safe_dump(_derived_profile(profile, config.granularity),
-                                          sort_keys=False), encoding="utf-8")
+        derived = RunDir(run_dir).hw_profile_yaml
+        atomic_write(derived, yaml.safe_dump(_derived_profile(profile, config.granularity),
+                                             sort_keys=False).encode())
         profile = str(derived)
-    data: dict[str, Any] = {"source": str(config.data), "calibration": config.calibration,
-                            "held_out": config.held_out, "seed": 0}
-    doc: dict[str, Any] = {"model": str(config.model), "profile": profile, "data": data}
-    if config.metric:
-        doc["metric"] = config.metric
-    doc["objectives"] = ["metric", "size", "latency"] if config.latency else ["metric", "size"]
-    if config.max_metric_drop is not None:
-        doc["constraints"] = {"max_metric_drop": config.max_metric_drop}
-    doc.update(budget={"trials": config.trials}, sampler="auto", seed=config.seed,
-               calibration={"method": config.method})
-    if config.formats is not None:
-        doc["formats"] = list(config.formats)
-    if not config.node_analysis:
-        doc["analysis"] = False
-    if config.sensitivity_samples is not None:
-        doc["evaluation"] = {"sensitivity_samples": config.sensitivity_samples}
-    path = run_dir / "spec.yaml"
+    spec = SearchSpec(
+        model=str(config.model), profile=profile, data=str(config.data),
+        calibration_samples=config.calibration, held_out=config.held_out, metric=config.metric,
+        objectives=("metric", "size", "latency") if config.latency else ("metric", "size"),
+        max_metric_drop=config.max_metric_drop, trials=config.trials, seed=config.seed,
+        method=config.method, formats=config.formats, analysis=config.node_analysis,
+        sensitivity_limit=config.sensitivity_samples)
+    run = RunDir(run_dir)
     header = (f"# {title}\n# Written by `mpsearch serve`; rerun it from the command line with\n"
               f"#   mpsearch search spec.yaml --out {run_dir}-cli\n")
-    path.write_text(header + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    run.write_spec(spec, header)
+    path = run.spec_yaml
     try:
         load_profile(profile)
         load_spec(path)
