@@ -305,12 +305,29 @@ def _fixed_batch(graph: ModelGraph) -> int | None:
     return int(min(fixed)) if fixed else None
 
 
+#: Bytes of exposed activations one calibration batch may hold when the batch is chosen
+#: automatically (ONNX Runtime's arena holds about as much again).
+ACTIVATION_BUDGET = 192 << 20
+#: The largest automatic calibration batch.
+MAX_AUTO_BATCH = 64
+
+
+def auto_batch(bytes_per_sample: int, budget: int = ACTIVATION_BUDGET) -> int:
+    """Samples per calibration batch whose exposed activations fit ``budget`` bytes."""
+    return max(1, min(MAX_AUTO_BATCH, budget // max(bytes_per_sample, 1)))
+
+
 def calibrate(
-    graph: ModelGraph, data: Dataset, *, batch_size: int = 32, bins: int = 2048,
+    graph: ModelGraph, data: Dataset, *, batch_size: int | None = None, bins: int = 2048,
     threads: int = 2, progress: Reporter | None = None, method: str = "minmax",
     percentile: float = 99.999, optimize: bool = True,
+    activation_budget: int = ACTIVATION_BUDGET,
 ) -> CalibrationTable:
     """Run ``data`` through ``graph`` once and collect every activation's statistics.
+
+    ``batch_size`` None (the default) chooses the batch from a memory budget: the first sample
+    runs alone, its exposed activations are weighed, and the rest runs in batches whose
+    activations fit ``activation_budget`` bytes (at most :data:`MAX_AUTO_BATCH` samples).
 
     ``method`` and ``percentile`` are the defaults :meth:`CalibrationTable.range` uses; every
     method is available from the table. ``optimize`` runs the graph with ONNX Runtime's
@@ -330,8 +347,7 @@ def calibrate(
         raise CalibrationError(f"{data.source}: no samples to calibrate on")
     check_signature(data, graph)
     fixed = _fixed_batch(graph)
-    size = fixed or max(1, int(batch_size))
-    if fixed and fixed != batch_size:
+    if fixed and batch_size is not None and fixed != batch_size:
         logger.info("the model's batch is fixed to %d; calibrating in batches of %d", fixed,
                     fixed)
     tensors = graph.activation_tensors()
@@ -342,25 +358,43 @@ def calibrate(
     kernels.set_threads(threads)
     collectors = {t: _Collector(bins) for t in tensors}
     start = time.perf_counter()
-    seen = 0
-    for index, feeds in enumerate(data.batches(size)):
+
+    def collect(feeds: Mapping[str, np.ndarray], index: int, first: int) -> int:
         n = len(next(iter(feeds.values())))
-        if fixed and n < fixed:
-            logger.warning("skipping the last %d sample(s): the model's batch is fixed to %d",
-                           n, fixed)
-            break
-        check_finite(feeds, source=data.source, batch=index, batch_size=size)
+        check_finite(feeds, source=data.source, batch=index, batch_size=n, first=first)
         outputs = session.run(feeds, exposed) if exposed else {}
         for name, collector in collectors.items():
             value = feeds[name] if name in inputs else outputs[name]
             if not collector.add(value):
                 raise CalibrationError(
                     f"{graph.name}: tensor '{name}' holds NaN or Inf in batch {index} "
-                    f"(samples {index * size}-{index * size + n - 1}) although the inputs "
-                    "are finite; the model overflows on this data, check it in float32")
-        seen += n
+                    f"(samples {first}-{first + n - 1}) although the inputs are finite; the "
+                    "model overflows on this data, check it in float32")
         if progress is not None:
-            progress(Progress(stage="calibrate", done=seen, total=len(data), unit="sample"))
+            progress(Progress(stage="calibrate", done=first + n, total=len(data),
+                              unit="sample"))
+        return sum(int(v.nbytes) for v in outputs.values()) + sum(
+            int(v.nbytes) for v in feeds.values())
+
+    seen = 0
+    if fixed:
+        size = fixed
+    elif batch_size is not None:
+        size = max(1, int(batch_size))
+    else:  # weigh one sample's activations, then fill the budget
+        per_sample = collect(next(data.batches(1)), 0, 0)
+        seen = 1
+        size = auto_batch(per_sample, activation_budget)
+        logger.info("calibration batch %d: %.1f MB of activations per sample, budget %.0f MB",
+                    size, per_sample / 1e6, activation_budget / 1e6)
+    for index, feeds in enumerate(data.batches(size, start=seen), start=1 if seen else 0):
+        n = len(next(iter(feeds.values())))
+        if fixed and n < fixed:
+            logger.warning("skipping the last %d sample(s): the model's batch is fixed to %d",
+                           n, fixed)
+            break
+        collect(feeds, index, seen)
+        seen += n
     logger.info("calibrated %d tensors on %d samples in %.2f s", len(tensors), len(data),
                 time.perf_counter() - start)
     return CalibrationTable(

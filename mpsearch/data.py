@@ -386,8 +386,9 @@ def check_signature(dataset: Dataset, graph: ModelGraph) -> None:
 
 
 def check_finite(feeds: Mapping[str, np.ndarray], *, source: str, batch: int,
-                 batch_size: int) -> None:
-    """Raise :class:`DataError` naming the input, batch and first sample holding NaN or Inf."""
+                 batch_size: int, first: int | None = None) -> None:
+    """Raise :class:`DataError` naming the input, batch and first sample holding NaN or Inf
+    (``first``: the batch's first sample, when batches are not all ``batch_size`` long)."""
     for name, array in feeds.items():
         if array.dtype.kind != "f":
             continue
@@ -395,6 +396,6 @@ def check_finite(feeds: Mapping[str, np.ndarray], *, source: str, batch: int,
         if not finite.all():
             bad = np.argwhere(~finite)[0]
             kind = "NaN" if np.isnan(array[tuple(bad)]) else "Inf"
-            sample = batch * batch_size + int(bad[0])
+            sample = (batch * batch_size if first is None else first) + int(bad[0])
             raise DataError(f"{source}: input '{name}' holds {kind} in batch {batch} (sample "
                             f"{sample}); clean or drop that sample")

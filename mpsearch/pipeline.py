@@ -101,13 +101,14 @@ def prepare_inputs(
     calibration_samples: int = 256,
     method: str = "minmax",
     seed: int = 0,
-    batch_size: int = 32,
+    batch_size: int | None = None,
     threads: int = 2,
     cache_dir: str | os.PathLike[str] | None = None,
     progress: Reporter | None = None,
 ) -> Prepared:
     """Load and check the inputs (objects or paths), split the data and calibrate once (or
-    load the table cached in ``cache_dir``)."""
+    load the table cached in ``cache_dir``); ``batch_size`` None sizes the calibration
+    batches from a memory budget (:func:`mpsearch.calibrate`)."""
     graph = model if isinstance(model, ModelGraph) else load_model(model)
     hw = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
     dataset = data if isinstance(data, Dataset) else load_data(data)
@@ -134,8 +135,7 @@ def prepare(spec: SearchSpec, run_dir: RunDir | str | Path | None = None, *,
     run = None if run_dir is None else _rundir(run_dir)
     return prepare_inputs(spec.model, spec.profile, spec.data,
                           calibration_samples=spec.calibration_samples, method=spec.method,
-                          seed=spec.data_seed, batch_size=spec.batch_size,
-                          threads=spec.threads,
+                          seed=spec.data_seed, threads=spec.threads,
                           cache_dir=None if run is None else run.calibration, progress=progress)
 
 

@@ -278,3 +278,20 @@ def test_cli_calibrate_prints_ranges_and_reuses_the_table(
     assert main(["calibrate", str(FIXTURES / "resnet.onnx"), "--data", str(bad), "--out",
                  str(out)]) == 2
     assert "expects (batch, 1, 16, 16)" in capsys.readouterr().err
+
+
+def test_automatic_batch_fits_the_activation_budget(digits: Dataset) -> None:
+    """batch_size None: one sample is weighed, the rest runs in batches that fit the budget;
+    the table equals a fixed-batch one (statistics do not depend on batching)."""
+    from mpsearch.calibration import MAX_AUTO_BATCH, auto_batch
+
+    assert auto_batch(10 << 20, 192 << 20) == 19
+    assert auto_batch(1, 192 << 20) == MAX_AUTO_BATCH and auto_batch(1 << 40) == 1
+    graph = load_model(FIXTURES / "resnet.onnx")
+    fixed = calibrate(graph, digits, batch_size=48)
+    automatic = calibrate(graph, digits, activation_budget=2 << 20)  # a few samples a batch
+    assert automatic.samples == fixed.samples == len(digits)
+    for name, stats in fixed.tensors.items():
+        other = automatic.tensors[name]
+        assert (other.count, other.min, other.max) == (stats.count, stats.min, stats.max)
+        np.testing.assert_allclose(other.mean, stats.mean, rtol=1e-5, atol=1e-6)
