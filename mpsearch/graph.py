@@ -5,12 +5,14 @@ normalized model, its nodes in topological order with their quantization roles, 
 shapes and the list of normalizations applied. Every later stage reads the model through it.
 
 Normalizations (each reported in ``ModelGraph.changes``):
-  * the rewrites of :mod:`mpsearch._normalize`: unique node names, ``Constant`` nodes as
-    initializers, no initializers among the inputs, constant subgraphs folded, zero ``Pad``
-    nodes fused into the Convs reading them;
-  * opset < 13 is converted to 13 (per-axis Q/DQ needs it);
+  * opset < 13 is converted to 13 first (per-axis Q/DQ needs it);
+  * the rewrites of :mod:`mpsearch._normalize`: unique node names and topological order (after
+    the opset converter, which adds unnamed nodes, and again after the last rewrite),
+    ``Constant`` nodes as initializers, no initializers among the inputs, constant subgraphs
+    folded, zero ``Pad`` nodes fused into the Convs reading them;
   * shapes are inferred; symbolic dimensions (a dynamic batch) stay symbolic; declared output
-    shapes that contradict inference are dropped.
+    shapes that contradict inference are dropped;
+  * the result is checked with ``onnx.checker`` (a failure is logged as a warning).
 """
 
 from __future__ import annotations
@@ -174,14 +176,37 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> ModelGraph:
     model = _read(path) if path is not None else _copy(source)  # type: ignore[arg-type]
     label = path or "<model>"
     changes: list[str] = []
+    model = _upgrade_opset(model, label, changes)
     _normalize.name_nodes(model, changes)
+    _sort(model, label, changes)
     _normalize.constants_to_initializers(model, changes)
     _normalize.drop_initializer_inputs(model, changes)
-    model = _upgrade_opset(model, label, changes)
     _normalize.fold_constants(model, changes)
     _normalize.fuse_pads(model, changes)
+    _normalize.name_nodes(model, changes)
+    _sort(model, label, changes)
     model = _infer_shapes(model, label, path, changes)
+    _check(model, label)
     return _build(model, path, tuple(changes))
+
+
+def _sort(model: onnx.ModelProto, label: str, changes: list[str]) -> None:
+    try:
+        _normalize.sort_nodes(model, changes)
+    except ValueError as e:
+        raise ModelError(f"{label}: graph '{model.graph.name}' has a cycle ({e}); ONNX graphs "
+                         "must be acyclic: re-export the model") from e
+
+
+def _check(model: onnx.ModelProto, label: str) -> None:
+    """The normalized model passes ``onnx.checker`` (logged, not raised: ORT may run a model
+    the checker rejects, and the user can do nothing about an exporter's quirk)."""
+    if model.ByteSize() >= 2**31 - 2**20:
+        return  # the in-memory checker cannot take > 2 GB; shape inference already ran
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        logger.warning("%s: the normalized model fails onnx.checker: %s", label, _first_line(e))
 
 
 def _read(path: str) -> onnx.ModelProto:
@@ -337,18 +362,26 @@ def _tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
 
 
 def _topology(graph: onnx.GraphProto) -> tuple[nx.DiGraph[str], tuple[str, ...]]:
-    digraph: nx.DiGraph[str] = nx.DiGraph()
-    producers: dict[str, str] = {}
+    """The node graph keyed by name, built from node positions (names are unique after
+    :func:`mpsearch._normalize.name_nodes`; a duplicate here is a bug, not a cycle)."""
+    names = [node.name for node in graph.node]
+    if len(set(names)) != len(names):
+        duplicate = next(n for n in names if names.count(n) > 1)
+        raise ModelError(f"graph '{graph.name}': node name '{duplicate}' is not unique after "
+                         "normalization; please report this model")
+    producers: dict[str, int] = {}
     for index, node in enumerate(graph.node):
-        digraph.add_node(node.name, proto=node, index=index)
         for output in node.output:
             if output:
-                producers[output] = node.name
-    for node in graph.node:
+                producers[output] = index
+    digraph: nx.DiGraph[str] = nx.DiGraph()
+    for index, node in enumerate(graph.node):
+        digraph.add_node(node.name, proto=node, index=index)
+    for index, node in enumerate(graph.node):
         for tensor in node.input:
             source = producers.get(tensor)
             if source is not None:
-                digraph.add_edge(source, node.name, tensor=tensor)
+                digraph.add_edge(names[source], names[index], tensor=tensor)
     if not nx.is_directed_acyclic_graph(digraph):
         raise ModelError(f"graph '{graph.name}' has a cycle; ONNX graphs must be acyclic")
     order = nx.lexicographical_topological_sort(digraph, key=lambda n: digraph.nodes[n]["index"])
