@@ -24,6 +24,7 @@ _EXPORTS = {
     "Assignment": "assignment", "estimate_latency": "assignment",
     "load_assignment": "assignment", "make_assignment": "assignment",
     "model_size": "assignment", "uniform_assignment": "assignment",
+    "why_float": "assignment",
     "CalibrationTable": "calibration", "calibrate": "calibration", "load_table": "calibration",
     "Dataset": "data", "load_data": "data",
     "CalibrationError": "errors", "DataError": "errors", "ModelError": "errors",
@@ -82,4 +83,5 @@ __all__ = [
     "model_size",
     "summarize",
     "uniform_assignment",
+    "why_float",
 ]

@@ -84,6 +84,11 @@ _DATA_MOVEMENT = frozenset(
     {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Split", "Slice", "Gather",
      "Identity", "Expand", "Tile", "Pad", "DepthToSpace", "SpaceToDepth"}
 )
+#: Ops that only read a weight table: a float initializer at input 0 of one of them (an embedding
+#: ``Gather``, a sliced or expanded positional table) is stored quantized, weight-only: the op
+#: reads the dequantized table and its output stays float (as ORT's quantizer stores
+#: ``Gather`` tables).
+_WEIGHT_ONLY_OPS = frozenset({"Gather", "GatherElements", "Slice", "Expand", "Tile"})
 _CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
 _FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16})
 
@@ -104,6 +109,8 @@ class Node:
     ``activation_inputs`` are the float non-constant inputs that get Q/DQ when the node is
     quantized; ``weights`` the float initializer inputs stored quantized; ``bias`` the initializer
     stored as int32 where the format says so. ``reason`` says why a node is not quantizable.
+    ``weight_only``: a data-movement node reading a float weight table (an embedding
+    ``Gather``): quantizing it stores the table quantized; it has no activation Q/DQ.
     """
 
     name: str
@@ -117,6 +124,7 @@ class Node:
     bias: str | None = None
     quantizable: bool = False
     reason: str = ""
+    weight_only: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,6 +172,8 @@ class ModelGraph:
         """Float activation tensors that quantization needs ranges for, in topological order."""
         seen: dict[str, None] = {}
         for node in self.quantizable_nodes():
+            if node.weight_only:
+                continue
             for tensor in (*node.activation_inputs, *node.outputs):
                 if tensor and self.is_float(tensor) and tensor not in self.initializers:
                     seen.setdefault(tensor, None)
@@ -397,6 +407,11 @@ def _describe(
     )
     base = dict(name=proto.name, op_type=proto.op_type, domain=proto.domain,
                 inputs=tuple(proto.input), outputs=tuple(proto.output), attributes=attributes)
+    table = proto.input[0] if proto.input else ""
+    if (proto.op_type in _WEIGHT_ONLY_OPS and proto.domain in ("", "ai.onnx")
+            and table in initializers and initializers[table].dtype == np.float32):
+        return Node(**base, weights=(table,), quantizable=True,  # type: ignore[arg-type]
+                    weight_only=True)
     reason = _not_quantizable_reason(proto, initializers, elem_types)
     if reason:
         return Node(**base, reason=reason)  # type: ignore[arg-type]
