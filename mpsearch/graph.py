@@ -310,10 +310,10 @@ def _shape_of(value: onnx.ValueInfoProto) -> tuple[Dim, ...] | None:
         return None
     dims: list[Dim] = []
     for dim in tensor_type.shape.dim:
-        if dim.HasField("dim_value"):
+        if dim.HasField("dim_value") and dim.dim_value >= 0:
             dims.append(int(dim.dim_value))
         else:
-            dims.append(dim.dim_param or None)
+            dims.append(dim.dim_param or None)  # Paddle writes -1 for a dynamic batch
     return tuple(dims)
 
 
