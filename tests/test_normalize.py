@@ -251,3 +251,14 @@ def test_opset12_export_quantizes_to_int8_in_ort_and_searches(tmp_path: Path) ->
     run = search(load_spec(tmp_path / "spec.yaml"), tmp_path / "run")
     assert run.front
     assert min(p["size"] for p in run.front) == mpsearch.model_size(graph, profile, int8)
+
+
+def test_a_negative_dim_value_is_a_dynamic_dimension() -> None:
+    # Paddle2ONNX writes a dynamic batch as dim_value -1 (PP-OCR's direction classifier)
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [-1, 3])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [-1, 3])
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "paddle", [x], [y]),
+        opset_imports=[helper.make_opsetid("", 13)])
+    graph = load_model(model)
+    assert graph.inputs[0].shape == (None, 3)
