@@ -26,6 +26,7 @@ _EXPORTS = {
     "Assignment": "assignment", "estimate_latency": "assignment",
     "load_assignment": "assignment", "make_assignment": "assignment",
     "model_size": "assignment", "uniform_assignment": "assignment",
+    "why_float": "assignment",
     "CalibrationTable": "calibration", "calibrate": "calibration", "load_table": "calibration",
     "IMAGE_SUFFIXES": "data", "Dataset": "data", "ImageOptions": "data",
     "check_signature": "data", "load_data": "data",
@@ -103,6 +104,7 @@ __all__ = [
     "summarize",
     "uniform_assignment",
     "validate_profile_file",
+    "why_float",
     "write_report",
     "x86_profile_for",
 ]

@@ -5,7 +5,11 @@ line saying what it did when it did anything. :func:`mpsearch.graph.load_model` 
 order. Every pass preserves the model's outputs exactly (constant folding runs the ONNX
 reference implementation; fusing a zero Pad into a Conv's own padding is exact arithmetic).
 
-  * :func:`name_nodes`: unnamed or duplicate node names get unique names (``Conv_3``);
+  * :func:`name_nodes`: unnamed or duplicate node names get unique names (``Conv_3``); run
+    after every rewrite that adds nodes (the opset converter adds unnamed ones), so no later
+    stage meets two nodes with one name;
+  * :func:`sort_nodes`: nodes in topological order (stable: file order where it is free), so
+    passes that read the graph front to back see producers first; a real cycle is an error;
   * :func:`constants_to_initializers`: ``Constant`` nodes (Paddle, TF, PyTorch exports) become
     initializers, so weights and shape constants are visible as such;
   * :func:`drop_initializer_inputs`: initializers also listed as graph inputs (IR < 4) are not
@@ -19,6 +23,7 @@ reference implementation; fusing a zero Pad into a Conv's own padding is exact a
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections.abc import Iterator
 
@@ -33,6 +38,7 @@ __all__ = [
     "fold_constants",
     "fuse_pads",
     "name_nodes",
+    "sort_nodes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -47,19 +53,74 @@ _NOT_FOLDED = frozenset({
 
 
 def name_nodes(model: onnx.ModelProto, changes: list[str]) -> None:
-    used: set[str] = set()
+    """Give every node a unique name: the first holder of a name keeps it, unnamed nodes and
+    later holders get ``<op>_<index>`` (suffixed until unique)."""
+    nodes = model.graph.node
+    taken: set[str] = set()
+    keeps = [False] * len(nodes)
+    for index, node in enumerate(nodes):
+        if node.name and node.name not in taken:
+            taken.add(node.name)
+            keeps[index] = True
     renamed = 0
-    for index, node in enumerate(model.graph.node):
-        if not node.name or node.name in used:
-            base = f"{node.op_type}_{index}"
-            name, k = base, 1
-            while name in used:
-                name, k = f"{base}_{k}", k + 1
-            node.name = name
-            renamed += 1
-        used.add(node.name)
+    for index, node in enumerate(nodes):
+        if keeps[index]:
+            continue
+        base = f"{node.op_type}_{index}"
+        name, k = base, 1
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        node.name = name
+        taken.add(name)
+        renamed += 1
     if renamed:
         changes.append(f"named {renamed} unnamed or duplicate nodes")
+
+
+def sort_nodes(model: onnx.ModelProto, changes: list[str]) -> None:
+    """Reorder the nodes topologically (Kahn's algorithm, lowest file index first).
+
+    Identity is the node's position, never its name. Raises ``ValueError`` naming a node on
+    a cycle when the graph has one (an invalid ONNX graph)."""
+    nodes = list(model.graph.node)
+    producer: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        for name in node.output:
+            if name:
+                producer[name] = index
+    readers: list[set[int]] = [set() for _ in nodes]
+    waiting = [0] * len(nodes)
+    for index, node in enumerate(nodes):
+        sources = {producer[t] for t in _inputs_with_subgraphs(node) if t in producer}
+        for source in sources:
+            readers[source].add(index)
+        waiting[index] = len(sources)
+    ready = [i for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        index = heapq.heappop(ready)
+        order.append(index)
+        for reader in readers[index]:
+            waiting[reader] -= 1
+            if waiting[reader] == 0:
+                heapq.heappush(ready, reader)
+    if len(order) < len(nodes):
+        stuck = next(nodes[i] for i, count in enumerate(waiting) if count > 0)
+        raise ValueError(f"node '{stuck.name}' ({stuck.op_type}) is on a cycle")
+    if order != sorted(order):
+        _replace_nodes(model.graph, [nodes[i] for i in order])
+        changes.append("sorted the nodes topologically")
+
+
+def _inputs_with_subgraphs(node: onnx.NodeProto) -> set[str]:
+    """The node's inputs and the outer-scope names its subgraphs read."""
+    names = {name for name in node.input if name}
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for sub in graphs:
+            names |= {name for inner in _all_nodes(sub) for name in inner.input if name}
+    return names
 
 
 def constants_to_initializers(model: onnx.ModelProto, changes: list[str]) -> None:

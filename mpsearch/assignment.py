@@ -34,6 +34,7 @@ __all__ = [
     "make_assignment",
     "model_size",
     "uniform_assignment",
+    "why_float",
 ]
 
 _BYTES = {"int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "float32": 4,
@@ -128,6 +129,23 @@ def uniform_assignment(graph: ModelGraph, profile: HardwareProfile, fmt: str) ->
     return make_assignment(graph, profile, formats)
 
 
+def why_float(graph: ModelGraph, profile: HardwareProfile) -> dict[str, str]:
+    """Node -> why it stays float on ``profile`` whatever the assignment: the graph's reason
+    (data movement, no quantized kernel, control flow, ...) or the profile's (no integer format
+    for the op). Nodes that some format quantizes are not listed."""
+    reasons: dict[str, str] = {}
+    for name, node in graph.nodes.items():
+        if not node.quantizable:
+            reasons[name] = node.reason
+        elif all(_float_format(profile.format(f)) for f in profile.formats_for_node(node)):
+            reasons[name] = f"profile '{profile.name}' has no integer format for {node.op_type}"
+    return reasons
+
+
+def _float_format(fmt: Format) -> bool:
+    return not _is_quantized(fmt)
+
+
 def load_assignment(
     path: str | os.PathLike[str], graph: ModelGraph, profile: HardwareProfile
 ) -> Assignment:
@@ -211,7 +229,7 @@ def plan_nodes(
             elif graph.is_float(tensor):
                 inputs.append((tensor, spec))
         fixed = profile.fixed_qparams(node.op_type, fmt.name)
-        outputs = tuple(
+        outputs = () if node.weight_only else tuple(  # a weight-only output stays float
             (t, ActivationSpec(act.dtype, act.symmetric, act.scale,
                                t if fixed else _range_source(graph, t), fixed))
             for t in node.outputs if t and graph.is_float(t)
@@ -252,10 +270,10 @@ def model_size(graph: ModelGraph, profile: HardwareProfile, assignment: Mapping[
         replaced: set[str] = set()
         if plan is not None:
             for weight, fmt in plan.weights:
-                channels, _ = weight_channels(graph, profile, node, weight, fmt)
+                channels, axis = weight_channels(graph, profile, node, weight, fmt)
                 size = graph.initializers[weight].size * _BYTES[fmt.dtype]
                 extra = 0 if fmt.is_float else channels * (4 + _BYTES[fmt.dtype])
-                stored[(weight, fmt)] = size + extra
+                stored[(weight, fmt, axis)] = size + extra
             for tensor, spec in plan.constants:
                 size = graph.initializers[tensor].size * _BYTES[spec.dtype]
                 stored[(tensor, spec)] = size + (0 if _float(spec) else 4 + _BYTES[spec.dtype])

@@ -436,6 +436,8 @@ def _weight_axis(op_type: str, attributes: Mapping[str, Any], ndim: int) -> int 
         return 0 if attributes.get("transB", 0) else 1
     if op_type == "MatMul":
         return ndim - 1
+    if op_type in ("Gather", "GatherElements"):
+        return int(attributes.get("axis", 0)) % ndim
     return 0
 
 

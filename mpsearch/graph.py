@@ -5,12 +5,14 @@ normalized model, its nodes in topological order with their quantization roles, 
 shapes and the list of normalizations applied. Every later stage reads the model through it.
 
 Normalizations (each reported in ``ModelGraph.changes``):
-  * the rewrites of :mod:`mpsearch._normalize`: unique node names, ``Constant`` nodes as
-    initializers, no initializers among the inputs, constant subgraphs folded, zero ``Pad``
-    nodes fused into the Convs reading them;
-  * opset < 13 is converted to 13 (per-axis Q/DQ needs it);
+  * opset < 13 is converted to 13 first (per-axis Q/DQ needs it);
+  * the rewrites of :mod:`mpsearch._normalize`: unique node names and topological order (after
+    the opset converter, which adds unnamed nodes, and again after the last rewrite),
+    ``Constant`` nodes as initializers, no initializers among the inputs, constant subgraphs
+    folded, zero ``Pad`` nodes fused into the Convs reading them;
   * shapes are inferred; symbolic dimensions (a dynamic batch) stay symbolic; declared output
-    shapes that contradict inference are dropped.
+    shapes that contradict inference are dropped;
+  * the result is checked with ``onnx.checker`` (a failure is logged as a warning).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from onnx import helper, numpy_helper, shape_inference, version_converter
 from mpsearch import _normalize
 from mpsearch.errors import ModelError
 
-__all__ = ["ModelGraph", "Node", "TensorInfo", "load_model", "QUANTIZABLE_OPS"]
+__all__ = ["QUANTIZABLE_OPS", "ModelGraph", "Node", "TensorInfo", "load_model", "node_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +84,11 @@ _DATA_MOVEMENT = frozenset(
     {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Split", "Slice", "Gather",
      "Identity", "Expand", "Tile", "Pad", "DepthToSpace", "SpaceToDepth"}
 )
+#: Ops that only read a weight table: a float initializer at input 0 of one of them (an embedding
+#: ``Gather``, a sliced or expanded positional table) is stored quantized, weight-only: the op
+#: reads the dequantized table and its output stays float (as ORT's quantizer stores
+#: ``Gather`` tables).
+_WEIGHT_ONLY_OPS = frozenset({"Gather", "GatherElements", "Slice", "Expand", "Tile"})
 _CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
 _FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16})
 
@@ -102,6 +109,8 @@ class Node:
     ``activation_inputs`` are the float non-constant inputs that get Q/DQ when the node is
     quantized; ``weights`` the float initializer inputs stored quantized; ``bias`` the initializer
     stored as int32 where the format says so. ``reason`` says why a node is not quantizable.
+    ``weight_only``: a data-movement node reading a float weight table (an embedding
+    ``Gather``): quantizing it stores the table quantized; it has no activation Q/DQ.
     """
 
     name: str
@@ -115,6 +124,7 @@ class Node:
     bias: str | None = None
     quantizable: bool = False
     reason: str = ""
+    weight_only: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,6 +162,11 @@ class ModelGraph:
         """Names of the nodes reading ``tensor``, in topological order."""
         return self.consumer_map.get(tensor, ())
 
+    def proto(self, name: str) -> onnx.NodeProto:
+        """The normalized ONNX node ``name`` (read it; build new protos, never edit it)."""
+        proto: onnx.NodeProto = self.digraph.nodes[name]["proto"]
+        return proto
+
     def quantizable_nodes(self) -> tuple[Node, ...]:
         return tuple(n for n in self.nodes.values() if n.quantizable)
 
@@ -162,10 +177,29 @@ class ModelGraph:
         """Float activation tensors that quantization needs ranges for, in topological order."""
         seen: dict[str, None] = {}
         for node in self.quantizable_nodes():
+            if node.weight_only:
+                continue
             for tensor in (*node.activation_inputs, *node.outputs):
                 if tensor and self.is_float(tensor) and tensor not in self.initializers:
                     seen.setdefault(tensor, None)
         return tuple(seen)
+
+
+def node_model(graph: ModelGraph, node: Node) -> onnx.ModelProto:
+    """A one-node model: ``node`` with its initializers; its other inputs become graph inputs."""
+    inputs = list(dict.fromkeys(node.inputs))
+    feeds = [t for t in inputs if t and t not in graph.initializers]
+    inits = [numpy_helper.from_array(graph.initializers[t], t)
+             for t in inputs if t in graph.initializers]
+
+    def info(tensor: str) -> onnx.ValueInfoProto:
+        elem = graph.elem_types.get(tensor) or onnx.TensorProto.FLOAT
+        return helper.make_tensor_value_info(tensor, elem, graph.shapes.get(tensor))
+
+    body = helper.make_graph([graph.proto(node.name)], node.name, [info(t) for t in feeds],
+                             [info(t) for t in node.outputs if t], initializer=inits)
+    return helper.make_model(body, opset_imports=list(graph.model.opset_import),
+                             ir_version=graph.model.ir_version)
 
 
 def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> ModelGraph:
@@ -174,14 +208,37 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> ModelGraph:
     model = _read(path) if path is not None else _copy(source)  # type: ignore[arg-type]
     label = path or "<model>"
     changes: list[str] = []
+    model = _upgrade_opset(model, label, changes)
     _normalize.name_nodes(model, changes)
+    _sort(model, label, changes)
     _normalize.constants_to_initializers(model, changes)
     _normalize.drop_initializer_inputs(model, changes)
-    model = _upgrade_opset(model, label, changes)
     _normalize.fold_constants(model, changes)
     _normalize.fuse_pads(model, changes)
+    _normalize.name_nodes(model, changes)
+    _sort(model, label, changes)
     model = _infer_shapes(model, label, path, changes)
+    _check(model, label)
     return _build(model, path, tuple(changes))
+
+
+def _sort(model: onnx.ModelProto, label: str, changes: list[str]) -> None:
+    try:
+        _normalize.sort_nodes(model, changes)
+    except ValueError as e:
+        raise ModelError(f"{label}: graph '{model.graph.name}' has a cycle ({e}); ONNX graphs "
+                         "must be acyclic: re-export the model") from e
+
+
+def _check(model: onnx.ModelProto, label: str) -> None:
+    """The normalized model passes ``onnx.checker`` (logged, not raised: ORT may run a model
+    the checker rejects, and the user can do nothing about an exporter's quirk)."""
+    if model.ByteSize() >= 2**31 - 2**20:
+        return  # the in-memory checker cannot take > 2 GB; shape inference already ran
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        logger.warning("%s: the normalized model fails onnx.checker: %s", label, _first_line(e))
 
 
 def _read(path: str) -> onnx.ModelProto:
@@ -275,10 +332,10 @@ def _shape_of(value: onnx.ValueInfoProto) -> tuple[Dim, ...] | None:
         return None
     dims: list[Dim] = []
     for dim in tensor_type.shape.dim:
-        if dim.HasField("dim_value"):
+        if dim.HasField("dim_value") and dim.dim_value >= 0:
             dims.append(int(dim.dim_value))
         else:
-            dims.append(dim.dim_param or None)
+            dims.append(dim.dim_param or None)  # Paddle writes -1 for a dynamic batch
     return tuple(dims)
 
 
@@ -337,18 +394,26 @@ def _tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
 
 
 def _topology(graph: onnx.GraphProto) -> tuple[nx.DiGraph[str], tuple[str, ...]]:
-    digraph: nx.DiGraph[str] = nx.DiGraph()
-    producers: dict[str, str] = {}
+    """The node graph keyed by name, built from node positions (names are unique after
+    :func:`mpsearch._normalize.name_nodes`; a duplicate here is a bug, not a cycle)."""
+    names = [node.name for node in graph.node]
+    if len(set(names)) != len(names):
+        duplicate = next(n for n in names if names.count(n) > 1)
+        raise ModelError(f"graph '{graph.name}': node name '{duplicate}' is not unique after "
+                         "normalization; please report this model")
+    producers: dict[str, int] = {}
     for index, node in enumerate(graph.node):
-        digraph.add_node(node.name, proto=node, index=index)
         for output in node.output:
             if output:
-                producers[output] = node.name
-    for node in graph.node:
+                producers[output] = index
+    digraph: nx.DiGraph[str] = nx.DiGraph()
+    for index, node in enumerate(graph.node):
+        digraph.add_node(node.name, proto=node, index=index)
+    for index, node in enumerate(graph.node):
         for tensor in node.input:
             source = producers.get(tensor)
             if source is not None:
-                digraph.add_edge(source, node.name, tensor=tensor)
+                digraph.add_edge(names[source], names[index], tensor=tensor)
     if not nx.is_directed_acyclic_graph(digraph):
         raise ModelError(f"graph '{graph.name}' has a cycle; ONNX graphs must be acyclic")
     order = nx.lexicographical_topological_sort(digraph, key=lambda n: digraph.nodes[n]["index"])
@@ -364,6 +429,11 @@ def _describe(
     )
     base = dict(name=proto.name, op_type=proto.op_type, domain=proto.domain,
                 inputs=tuple(proto.input), outputs=tuple(proto.output), attributes=attributes)
+    table = proto.input[0] if proto.input else ""
+    if (proto.op_type in _WEIGHT_ONLY_OPS and proto.domain in ("", "ai.onnx")
+            and table in initializers and initializers[table].dtype == np.float32):
+        return Node(**base, weights=(table,), quantizable=True,  # type: ignore[arg-type]
+                    weight_only=True)
     reason = _not_quantizable_reason(proto, initializers, elem_types)
     if reason:
         return Node(**base, reason=reason)  # type: ignore[arg-type]

@@ -145,7 +145,8 @@ class Quantizer:
     # -- stored tensors -------------------------------------------------------------------
     def _weight(self, node: Node, weight: str, fmt: TensorFormat,
                 min_scale: np.ndarray | None = None) -> _Stored:
-        key: tuple[object, ...] = (weight, fmt)
+        channels, axis = weight_channels(self.graph, self.profile, node, weight, fmt)
+        key: tuple[object, ...] = (weight, fmt, axis)  # a table read along two axes: two copies
         if min_scale is not None:  # this node's own copy, scaled so its bias fits int32
             key = (weight, fmt, node.name, min_scale.tobytes())
         if key in self._weights:
@@ -154,7 +155,6 @@ class Quantizer:
         if fmt.is_float:
             stored = self._cast_stored(weight, array, fmt.dtype)
         else:
-            channels, axis = weight_channels(self.graph, self.profile, node, weight, fmt)
             if axis is None:
                 lo, hi = np.array([array.min()]), np.array([array.max()])
             else:
@@ -166,7 +166,7 @@ class Quantizer:
             if axis is None:
                 scale, zero = scale.reshape(()), zero.reshape(())
             codes = _quantize_array(array, scale, zero, fmt.dtype, axis)
-            name = f"{weight}__{fmt.dtype}{'c' if axis is not None else ''}"
+            name = f"{weight}__{fmt.dtype}{'' if axis is None else f'c{axis}'}"
             if min_scale is not None:
                 name = f"{name}__{node.name}"
             stored = self._dequantized(name, codes, scale, zero, axis, fmt.dtype)
@@ -253,7 +253,7 @@ class _Build:
     def model(self) -> onnx.ModelProto:
         graph = self.q.graph
         for name in graph.order:
-            proto = graph.digraph.nodes[name]["proto"]
+            proto = graph.proto(name)
             plan = self.plans.get(name)
             if plan is None:
                 self.nodes.append(proto)

@@ -19,7 +19,7 @@ FUNCTIONS = {
     "analyze", "build_qdq", "calibrate", "check_signature", "estimate_latency", "format_summary",
     "host_int8_isa", "list_profiles", "load_assignment", "load_data", "load_model",
     "load_profile", "load_table", "make_assignment", "model_size", "study_progress",
-    "summarize", "uniform_assignment", "validate_profile_file", "write_report",
+    "summarize", "uniform_assignment", "validate_profile_file", "why_float", "write_report",
     "x86_profile_for",
 }
 CONSTANTS = {"AUTO_X86_PROFILE", "IMAGE_SUFFIXES", "METRICS", "__version__"}

@@ -25,14 +25,12 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
 
 from mpsearch import kernels
 from mpsearch.analysis._measure import Measurement, Measurer
 from mpsearch.calibration import CalibrationTable
 from mpsearch.data import Dataset
-from mpsearch.graph import ModelGraph, Node, load_model
+from mpsearch.graph import ModelGraph, Node, load_model, node_model
 from mpsearch.profiles import HardwareProfile
 from mpsearch.progress import Progress, Reporter, steps
 from mpsearch.quantize import Quantizer
@@ -210,24 +208,6 @@ def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
 
 
 # -- proxy: the node's own output SQNR, from a few batches --------------------------------
-def node_model(graph: ModelGraph, node: Node) -> onnx.ModelProto:
-    """A one-node model: ``node`` with its initializers; its other inputs become graph inputs."""
-    proto = graph.digraph.nodes[node.name]["proto"]
-    inputs = list(dict.fromkeys(node.inputs))
-    feeds = [t for t in inputs if t and t not in graph.initializers]
-    inits = [numpy_helper.from_array(graph.initializers[t], t)
-             for t in inputs if t in graph.initializers]
-
-    def info(tensor: str) -> onnx.ValueInfoProto:
-        elem = graph.elem_types.get(tensor) or onnx.TensorProto.FLOAT
-        return helper.make_tensor_value_info(tensor, elem, graph.shapes.get(tensor))
-
-    body = helper.make_graph([proto], node.name, [info(t) for t in feeds],
-                             [info(t) for t in node.outputs if t], initializer=inits)
-    return helper.make_model(body, opset_imports=list(graph.model.opset_import),
-                             ir_version=graph.model.ir_version)
-
-
 def _chunks(graph: ModelGraph, nodes: Sequence[Node], samples: int,
             budget_bytes: int) -> list[list[Node]]:
     """Groups of nodes whose captured inputs and outputs fit ``budget_bytes`` together."""

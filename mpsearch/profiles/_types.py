@@ -341,7 +341,8 @@ class HardwareProfile:
         """Per-channel axis of the weight of an ``op_type`` node with ONNX attributes ``attrs``.
 
         Order: the op rule's ``weight_axis``, then the natural output-channel axis (Conv 0,
-        ConvTranspose 1, Gemm transB=1 -> 0 else 1, MatMul last = -1, other ops 0). A negative
+        ConvTranspose 1, Gemm transB=1 -> 0 else 1, MatMul last = -1, Gather its ``axis``: one
+        scale per gathered row; other ops 0). A negative
         axis is made positive when ``weight_rank`` is given.
         """
         rule = self.op_rules.get(op_type)
@@ -349,6 +350,8 @@ class HardwareProfile:
             axis = rule.weight_axis
         elif op_type == "Gemm":
             axis = 0 if int(attrs.get("transB", 0)) else 1
+        elif op_type in ("Gather", "GatherElements"):
+            axis = int(attrs.get("axis", 0))
         else:
             axis = _NATURAL_AXIS.get(op_type, 0)
         if axis < 0 and weight_rank is not None:

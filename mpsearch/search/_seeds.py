@@ -50,7 +50,9 @@ def group_nodes(
     graph: ModelGraph, profile: HardwareProfile, only: Sequence[str] | None = None
 ) -> tuple[Group, ...]:
     """A weighted node starts a group; weightless nodes that follow it (activations, pooling,
-    residual adds) join their producer's group when they allow the same formats."""
+    residual adds) join their producer's group when they allow the same formats. A weight-only
+    node (an embedding table) is a group of its own: what reads its float output is not
+    tied to the table's format."""
     members: dict[str, list[str]] = {}
     formats_of: dict[str, tuple[str, ...]] = {}
     group_of: dict[str, str] = {}
@@ -60,8 +62,8 @@ def group_nodes(
             allowed = tuple(f for f in allowed if f in only or f == profile.default_format)
         if len(allowed) < 2:
             continue
-        producer = next((graph.producer(t) for t in node.activation_inputs
-                         if graph.producer(t) in group_of), None)
+        producer = next((p for p in map(graph.producer, node.activation_inputs)
+                         if p in group_of and not graph.nodes[p].weight_only), None)
         if not node.weights and producer is not None:
             owner = group_of[producer]
             if formats_of[owner] == allowed:

@@ -1,0 +1,274 @@
+"""The real-model corpus: pretrained ONNX files shipped inside PyPI wheels, and inputs for each.
+
+Each :class:`CorpusModel` names the installed package and the file inside it (found without
+importing the package: several pin dependencies they are installed without), how the file was
+exported, and how to build ``count`` inputs by construction (seeded):
+
+* PP-OCR text images: words from real text (the docstrings of Python's standard library)
+  rendered with Pillow's bundled font on light, noisy backgrounds; the direction classifier's
+  images are rotated by 180 degrees for every second sample, so its labels are known;
+* detector images: synthetic scenes (rectangles, ellipses and rendered text on gradients);
+* Magika: the first and last 1024 bytes of real files of the Python installation (sources,
+  text, JSON, compiled modules, shared libraries), padded with token 256 as Magika does.
+
+``metric(outputs, reference, labels)`` counts the samples a model gets right: the labelled ones
+against their label, the others against the FP32 model's answer (CTC string, top class, text
+map). Nothing is downloaded: a model whose package is missing is skipped by the tests.
+
+Install the packages (about 50 MB of wheels; they pin OpenCV and other dependencies the corpus
+does not need)::
+
+    pip install --no-deps rapidocr-onnxruntime==1.4.4 magika==1.0.3 nudenet==3.4.2
+
+Run ``python benchmarks/corpus.py`` to print the results table of ``benchmarks/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import sysconfig
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+Inputs = dict[str, np.ndarray]
+Metric = Callable[[np.ndarray, np.ndarray, np.ndarray | None], int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CorpusModel:
+    """One pretrained model inside an installed package."""
+
+    key: str
+    package: str  # the PyPI distribution
+    module: str  # its top-level import name
+    file: str  # path inside the module folder
+    exporter: str
+    task: str
+    licence: str
+    build: Callable[[int, int], tuple[Inputs, np.ndarray | None]]
+    metric: Metric
+    metric_name: str
+
+    def path(self) -> Path | None:
+        """The model file, or None when the package is not installed."""
+        spec = importlib.util.find_spec(self.module)
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        path = Path(next(iter(spec.submodule_search_locations))) / self.file
+        return path if path.is_file() else None
+
+
+# ---------------------------------------------------------------------------- text and images
+def _words() -> list[str]:
+    import argparse
+    import collections
+    import json
+    import os
+    import re
+
+    text = " ".join(m.__doc__ or "" for m in (argparse, collections, json, os, re))
+    return [w for w in text.split() if w.isascii() and 2 <= len(w) <= 12]
+
+
+def _font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+    return ImageFont.load_default(size=size)
+
+
+def _text_image(text: str, height: int, rng: np.random.Generator) -> Image.Image:
+    font = _font(int(height * rng.uniform(0.55, 0.75)))
+    left, top, right, bottom = font.getbbox(text)
+    width = right - left + int(height * 0.6)
+    shade = int(rng.integers(200, 256))
+    image = Image.new("RGB", (max(width, height), height), (shade, shade, shade))
+    ink = tuple(int(v) for v in rng.integers(0, 80, 3))
+    ImageDraw.Draw(image).text((int(height * 0.3) - left, (height - bottom - top) // 2), text,
+                               fill=ink, font=font)
+    noise = rng.normal(0, 6, (height, image.width, 3))
+    return Image.fromarray(np.clip(np.asarray(image) + noise, 0, 255).astype(np.uint8))
+
+
+def _ppocr_tensor(image: Image.Image, height: int, width: int) -> np.ndarray:
+    """PaddleOCR's rec/cls preprocessing: keep the aspect ratio, pad right, (x/255 - 0.5)/0.5."""
+    scaled = min(width, max(1, round(image.width * height / image.height)))
+    resized = np.asarray(image.resize((scaled, height), Image.Resampling.BILINEAR), np.float32)
+    out = np.zeros((3, height, width), np.float32)
+    out[:, :, :scaled] = (resized.transpose(2, 0, 1) / 255.0 - 0.5) / 0.5
+    return out
+
+
+def _phrases(count: int, rng: np.random.Generator) -> list[str]:
+    words = _words()
+    phrases = []
+    for _ in range(count):
+        start = int(rng.integers(0, len(words) - 4))
+        phrases.append(" ".join(words[start:start + int(rng.integers(1, 4))]))
+    return phrases
+
+
+def build_rec(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+    rng = np.random.default_rng(seed)
+    images = [_ppocr_tensor(_text_image(p, 48, rng), 48, 320) for p in _phrases(count, rng)]
+    return {"x": np.stack(images)}, None
+
+
+def build_cls(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+    """Text lines, every second one upside down: label 0 = upright, 1 = rotated 180 degrees."""
+    rng = np.random.default_rng(seed)
+    images, labels = [], []
+    for index, phrase in enumerate(_phrases(count, rng)):
+        image = _text_image(phrase, 48, rng)
+        if index % 2:
+            image = image.rotate(180)
+        images.append(_ppocr_tensor(image, 48, 192))
+        labels.append(index % 2)
+    return {"x": np.stack(images)}, np.array(labels, np.int64)
+
+
+def _scene(size: int, rng: np.random.Generator) -> Image.Image:
+    base = np.linspace(rng.uniform(40, 200), rng.uniform(40, 200), size)[None, :, None]
+    colour = rng.uniform(0.6, 1.0, 3)[None, None, :]
+    image = Image.fromarray(np.broadcast_to(base * colour, (size, size, 3)).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    words = _words()
+    for _ in range(int(rng.integers(2, 6))):
+        x0, y0 = (int(v) for v in rng.integers(0, size * 3 // 4, 2))
+        x1 = x0 + int(rng.integers(size // 8, size // 2))
+        y1 = y0 + int(rng.integers(16, size // 2))
+        fill = tuple(int(v) for v in rng.integers(0, 256, 3))
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)((x0, y0, x1, y1), fill=fill)
+    for _ in range(int(rng.integers(1, 4))):
+        x, y = (int(v) for v in rng.integers(0, size * 2 // 3, 2))
+        draw.text((x, y), words[int(rng.integers(len(words)))], fill=(0, 0, 0),
+                  font=_font(int(rng.integers(14, 32))))
+    return image
+
+
+def build_det(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+    """PP-OCR detector input: ImageNet mean/std, 256 x 256."""
+    rng = np.random.default_rng(seed)
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    images = [((np.asarray(_scene(256, rng), np.float32) / 255.0 - mean) / std)
+              .transpose(2, 0, 1) for _ in range(count)]
+    return {"x": np.stack(images).astype(np.float32)}, None
+
+
+def build_yolo(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+    rng = np.random.default_rng(seed)
+    images = [np.asarray(_scene(320, rng), np.float32).transpose(2, 0, 1) / 255.0
+              for _ in range(count)]
+    return {"images": np.stack(images)}, None
+
+
+def _real_files() -> list[Path]:
+    roots = [Path(sysconfig.get_paths()["stdlib"]), Path(sysconfig.get_paths()["purelib"])]
+    suffixes = (".py", ".txt", ".json", ".pyc", ".so", ".cfg", ".md", ".html", ".xml", ".csv",
+                ".pem", ".yaml", ".toml", ".pyi", ".js", ".css", ".c", ".h")
+    found: list[Path] = []
+    for root in roots:
+        for suffix in suffixes:
+            found.extend(sorted(root.rglob(f"*{suffix}"))[:40])
+    return [p for p in found if p.is_file() and p.stat().st_size >= 8]
+
+
+def build_magika(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+    """Magika v3 features: first and last 1024 bytes (whitespace stripped), padded with 256."""
+    rng = np.random.default_rng(seed)
+    files = _real_files()
+    picked = rng.choice(len(files), size=min(count, len(files)), replace=False)
+    rows = []
+    for index in sorted(int(i) for i in picked):
+        data = files[index].read_bytes()
+        begin, end = data[:4096].lstrip()[:1024], data[-4096:].rstrip()[-1024:]
+        row = np.full(2048, 256, np.int32)
+        row[:len(begin)] = np.frombuffer(begin, np.uint8)
+        row[2048 - len(end):] = np.frombuffer(end, np.uint8)
+        rows.append(row)
+    return {"bytes": np.stack(rows)}, None
+
+
+# ---------------------------------------------------------------------------------- metrics
+def top1(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> int:
+    """Samples whose top class is the label (or the FP32 model's top class)."""
+    target = labels if labels is not None else reference.argmax(-1)
+    return int((outputs.argmax(-1) == target).sum())
+
+
+def ctc_strings(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> int:
+    """Samples whose greedy CTC decoding (repeats merged, blank 0 dropped) equals FP32's."""
+    def decode(probs: np.ndarray) -> list[tuple[int, ...]]:
+        best = probs.argmax(-1)
+        return [tuple(int(c) for i, c in enumerate(row) if c and (i == 0 or c != row[i - 1]))
+                for row in best]
+    return sum(a == b for a, b in zip(decode(outputs), decode(reference), strict=True))
+
+
+def text_maps(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> int:
+    """Images whose text map (probability > 0.3, DB's threshold) has IoU >= 0.9 with FP32's."""
+    ours, theirs = outputs > 0.3, reference > 0.3
+    inter = (ours & theirs).reshape(len(ours), -1).sum(1)
+    union = (ours | theirs).reshape(len(ours), -1).sum(1)
+    return int(np.sum(np.where(union > 0, inter / np.maximum(union, 1), 1.0) >= 0.9))
+
+
+def best_box(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> int:
+    """YOLOv8 [N, 4 + classes, anchors]: images whose highest-scoring (anchor, class) is
+    FP32's."""
+    def best(out: np.ndarray) -> np.ndarray:
+        scores = out[:, 4:, :].reshape(len(out), -1)
+        return scores.argmax(1)
+    return int((best(outputs) == best(reference)).sum())
+
+
+CORPUS: tuple[CorpusModel, ...] = (
+    CorpusModel(key="ppocr_cls", package="rapidocr-onnxruntime", module="rapidocr_onnxruntime",
+                file="models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+                exporter="Paddle2ONNX, opset 11", task="text direction (2 classes)",
+                licence="Apache-2.0", build=build_cls, metric=top1, metric_name="accuracy"),
+    CorpusModel(key="ppocr_rec", package="rapidocr-onnxruntime", module="rapidocr_onnxruntime",
+                file="models/ch_PP-OCRv4_rec_infer.onnx", exporter="Paddle2ONNX, opset 12",
+                task="text recognition (CTC, 6625 symbols)", licence="Apache-2.0",
+                build=build_rec, metric=ctc_strings, metric_name="CTC string = FP32"),
+    CorpusModel(key="ppocr_det", package="rapidocr-onnxruntime", module="rapidocr_onnxruntime",
+                file="models/ch_PP-OCRv4_det_infer.onnx", exporter="Paddle2ONNX, opset 12",
+                task="text detection (DB)", licence="Apache-2.0", build=build_det,
+                metric=text_maps, metric_name="text map IoU >= 0.9"),
+    CorpusModel(key="magika", package="magika", module="magika",
+                file="models/standard_v3_3/model.onnx", exporter="tf2onnx 1.16 (Keras), opset 15",
+                task="file type (214 classes)", licence="Apache-2.0", build=build_magika,
+                metric=top1, metric_name="top-1 = FP32"),
+    CorpusModel(key="nudenet_320n", package="nudenet", module="nudenet", file="320n.onnx",
+                exporter="PyTorch 2.3 (Ultralytics YOLOv8n), opset 17",
+                task="detection (18 classes)", licence="AGPL-3.0 (the package)",
+                build=build_yolo, metric=best_box, metric_name="best box = FP32"),
+)
+
+
+def by_key(key: str) -> CorpusModel:
+    return next(m for m in CORPUS if m.key == key)
+
+
+def main() -> None:  # pragma: no cover - prints the RESULTS.md table
+    sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+    from corpus_check import check_model  # tests/corpus_check.py
+
+    print("| model | exporter | nodes | params | MACs | metric | FP32 | ours INT8 | ORT INT8 |"
+          " ours INT16 | size FP32 / ours INT8 / ORT INT8 (MB) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for model in CORPUS:
+        if model.path() is None:
+            print(f"| {model.key} | {model.package} not installed |")
+            continue
+        r = check_model(model, Path("/tmp/mpsearch-corpus"))
+        print(f"| {model.key} | {model.exporter} | {r.nodes} | {r.params:,} | {r.macs:,} | "
+              f"{model.metric_name} (n={r.samples}) | {r.fp32} | {r.ours_int8} | {r.ort_int8} | "
+              f"{r.ours_int16} | {r.fp32_bytes / 1e6:.2f} / {r.ours_bytes / 1e6:.2f} / "
+              f"{r.ort_bytes / 1e6:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""One corpus model through mpsearch and through ORT's ``quantize_static`` (shared by
+tests/test_corpus.py and benchmarks/corpus.py, which prints the RESULTS.md table)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from ort_baseline import ort_int8
+
+import mpsearch
+from mpsearch.data import Dataset
+from mpsearch.runtime import create_session
+
+CALIBRATION = 64
+EVALUATION = 128
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CorpusResult:
+    nodes: int
+    params: int
+    macs: int
+    samples: int
+    fp32: int
+    ours_int8: int
+    ours_int16: int
+    ort_int8: int
+    fp32_bytes: int
+    ours_bytes: int
+    ours_int16_bytes: int
+    ort_bytes: int
+
+
+def _run(model: Path | onnx.ModelProto, inputs: dict[str, np.ndarray], output: str,
+         batch: int = 16) -> np.ndarray:
+    session = create_session(model, threads=2)
+    count = len(next(iter(inputs.values())))
+    parts = [session.run({k: v[i:i + batch] for k, v in inputs.items()}, [output])[output]
+             for i in range(0, count, batch)]
+    return np.concatenate(parts)
+
+
+def check_model(model: Any, work: Path) -> CorpusResult:
+    """Summarize, build uniform INT8 and INT16 (x86_ort_auto), build ORT's INT8 from the same
+    normalized float model and calibration samples, and score all on held-out samples."""
+    work.mkdir(parents=True, exist_ok=True)
+    graph = mpsearch.load_model(model.path())
+    summary = mpsearch.summarize(graph)
+    inputs, labels = model.build(CALIBRATION + EVALUATION, 0)
+    calibration = {k: v[:CALIBRATION] for k, v in inputs.items()}
+    held = {k: v[CALIBRATION:] for k, v in inputs.items()}
+    held_labels = None if labels is None else labels[CALIBRATION:]
+    profile = mpsearch.load_profile("x86_ort_auto")
+    table = mpsearch.calibrate(graph, Dataset(inputs=calibration))
+    float_path = work / f"{model.key}.fp32.onnx"
+    onnx.save(graph.model, float_path)
+    paths = {"fp32": float_path}
+    for fmt in ("int8", "int16"):
+        assignment = mpsearch.uniform_assignment(graph, profile, fmt)
+        paths[fmt] = work / f"{model.key}.{fmt}.onnx"
+        onnx.save(mpsearch.build_qdq(graph, table, profile, assignment), paths[fmt])
+    paths["ort"] = ort_int8(float_path, work / f"{model.key}.ort_int8.onnx", calibration)
+    output = graph.outputs[0].name
+    reference = _run(float_path, held, output)
+    score = {name: model.metric(_run(path, held, output), reference, held_labels)
+             for name, path in paths.items()}
+    return CorpusResult(
+        nodes=len(graph.nodes), params=summary.params, macs=summary.macs,
+        samples=len(reference), fp32=score["fp32"], ours_int8=score["int8"],
+        ours_int16=score["int16"], ort_int8=score["ort"],
+        fp32_bytes=Path(model.path()).stat().st_size, ours_bytes=paths["int8"].stat().st_size,
+        ours_int16_bytes=paths["int16"].stat().st_size, ort_bytes=paths["ort"].stat().st_size)
