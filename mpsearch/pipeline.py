@@ -52,7 +52,15 @@ from mpsearch.progress import Reporter
 from mpsearch.quantize import Quantizer
 from mpsearch.rundir import Baseline, Front, FrontPoint, RunDir
 from mpsearch.runtime import create_session, ort_version
-from mpsearch.search import SearchResult, TrialRecord, group_nodes, run_search, seed_assignments
+from mpsearch.search import (
+    SearchResult,
+    TrialRecord,
+    check_inputs,
+    group_nodes,
+    run_search,
+    seed_assignments,
+    stored_inputs,
+)
 from mpsearch.spec import SearchSpec, load_spec
 from mpsearch.summary import ModelSummary, summarize
 
@@ -269,8 +277,12 @@ def search_run(
     data, through one measurer per split; write the run directory."""
     run = _rundir(run_dir).create()
     prepared = prepare(spec, run, progress=progress)
-    _write_inputs(run, spec, prepared, "search")
     search_data, held_data = _splits(prepared, spec)
+    inputs = _search_inputs(prepared, spec, search_data)
+    stored = stored_inputs(spec, run.path)
+    if stored is not None:  # before anything of the run directory is rewritten
+        check_inputs(stored, inputs, f"{run.path}: its search")
+    _write_inputs(run, spec, prepared, "search")
     measurer = _spec_measurer(prepared, spec, search_data, run, "search")
     try:
         analysis = None
@@ -280,7 +292,7 @@ def search_run(
                                curve_max_steps=REPORT_VIEW_NODES, progress=progress)
             write_analysis(run, analysis, prepared)
         result = run_search(measurer, prepared.summary, spec, run_dir=run.path, resume=resume,
-                            progress=progress)
+                            inputs=inputs, progress=progress)
     finally:
         _flush(measurer)
     held = _spec_measurer(prepared, spec, held_data, run, "held-out")
@@ -293,6 +305,24 @@ def search_run(
                        r.source] for r in result.trials])
     return SearchRun(run_dir=run.path, result=result, front=front, analysis=analysis,
                      measured=tuple(measurer.measured))
+
+
+#: Spec fields left out of the spec's fingerprint: more trials, more time, another worker,
+#: storage or sampler resume the same study; the model, data and profile count by content.
+_NOT_HASHED = frozenset({"trials", "timeout_s", "storage", "study", "path", "seed", "sampler",
+                         "explore", "analysis", "model", "data", "profile"})
+
+
+def _search_inputs(prepared: Prepared, spec: SearchSpec, data: Dataset) -> dict[str, str]:
+    """What a study's results depend on, fingerprinted: resuming with other inputs is refused."""
+    fields = {k: v for k, v in spec.to_dict().items() if k not in _NOT_HASHED}
+    profile = json.dumps(prepared.profile.to_dict(), sort_keys=True, default=str)
+    return {
+        "model": prepared.graph.fingerprint, "data": data.fingerprint,
+        "profile": hashlib.sha256(profile.encode()).hexdigest()[:16],
+        "spec": hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()
+                               ).hexdigest()[:16],
+    }
 
 
 def _relative(latency: float | None, fp32: Baseline) -> float | None:

@@ -7,12 +7,14 @@ import dataclasses
 import json
 from pathlib import Path
 
+import optuna
 import pytest
 
 from mpsearch import load_model, load_profile, write_report
 from mpsearch.analysis import assignment_key
 from mpsearch.analysis._analysis import curve_steps
 from mpsearch.demo import DEMO_DATA, DEMO_MODEL
+from mpsearch.errors import SearchError
 from mpsearch.pipeline import REPORT_VIEW_NODES, SearchRun, search_run
 from mpsearch.rundir import Front, RunDir
 from mpsearch.search import group_nodes
@@ -112,3 +114,41 @@ def test_max_metric_drop_binds_a_lower_is_better_metric(tmp_path: Path) -> None:
     assert run.front.points
     assert all(p.search_metric is not None and p.search_metric <= 1e-4
                for p in run.front.points)
+
+
+def _study(run_dir: Path) -> optuna.Study:
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(run_dir / "study.journal")))
+    return optuna.load_study(study_name="mpsearch", storage=storage)
+
+
+def test_resume_with_other_inputs_is_refused_before_writing(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    search_run(_spec(trials=3, analysis=False), run_dir)
+    spec_text = (run_dir / "spec.yaml").read_text()
+    with pytest.raises(SearchError, match=r"made from other inputs \(changed: spec\)"):
+        search_run(_spec(trials=6, analysis=False, metric="agreement"), run_dir, resume=True)
+    assert (run_dir / "spec.yaml").read_text() == spec_text  # nothing rewritten
+    more = search_run(_spec(trials=5, analysis=False), run_dir, resume=True)  # same inputs
+    assert len([r for r in more.result.trials if r.state in ("complete", "pruned")]) == 5
+
+
+def test_interrupted_trial_and_torn_journal_line_are_recovered(tmp_path: Path) -> None:
+    """A trial left RUNNING by a killed worker is failed and its configuration retried; a
+    record cut off mid-write is dropped; the study ends with exactly the budgeted trials."""
+    run_dir = tmp_path / "run"
+    search_run(_spec(trials=3, analysis=False), run_dir)
+    study = _study(run_dir)
+    finished = [t for t in study.trials if t.state.is_finished()]
+    cut = study.ask(fixed_distributions=finished[0].distributions)  # a worker dies in it
+    with (run_dir / "study.journal").open("a") as f:
+        f.write('{"op_code": 5, "worker_id": "dead", "trial_id": 9')  # the disk filled up
+    resumed = search_run(_spec(trials=5, analysis=False), run_dir, resume=True)
+    trials = _study(run_dir).trials
+    assert trials[cut.number].state == optuna.trial.TrialState.FAIL
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    states = [r.state for r in resumed.result.trials]
+    assert states.count("complete") + states.count("pruned") == 5
+    retry = [t for t in trials
+             if t.user_attrs.get("source") == f"retry of interrupted trial {cut.number}"]
+    assert len(retry) == 1  # queued behind the seeds still waiting

@@ -1,4 +1,5 @@
-"""The precision search: groups and seeds, the Optuna study (the only optuna importer)."""
+"""The precision search: groups and seeds (pure), the Optuna study and its storage (the only
+optuna importers)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ from mpsearch.search._seeds import (
     neighbor,
     seed_assignments,
 )
-from mpsearch.search._study import (
+from mpsearch.search._storage import (
     SAMPLERS,
-    SearchResult,
-    TrialRecord,
+    check_inputs,
     make_sampler,
     open_study,
-    run_search,
+    stored_inputs,
     study_progress,
 )
+from mpsearch.search._study import SearchResult, TrialRecord, run_search
 
 __all__ = [
     "Group",
@@ -30,6 +31,7 @@ __all__ = [
     "SearchResult",
     "Seed",
     "TrialRecord",
+    "check_inputs",
     "compress",
     "group_costs",
     "group_nodes",
@@ -38,6 +40,7 @@ __all__ = [
     "neighbor",
     "open_study",
     "run_search",
+    "stored_inputs",
     "seed_assignments",
     "study_progress",
 ]

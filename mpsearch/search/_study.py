@@ -1,4 +1,4 @@
-"""Optuna multi-objective precision search: the only module that imports optuna.
+"""Optuna multi-objective precision search (optuna is imported here and in :mod:`._storage`).
 
 Consumes the run's :class:`~mpsearch.analysis.Measurer` (graph, profile, calibration table and
 the search split, with the measurements the analysis already made), the model summary and a
@@ -11,8 +11,8 @@ the search split, with the measurements the analysis already made), the model su
   groups" path and knapsack solutions of the additive sensitivity model for several size budgets.
 * Constraints: size limits are repaired before evaluation; duplicates are served from a cache;
   the metric is measured in chunks and a trial that cannot reach the front is pruned early.
-* Storage: a journal file in the run directory by default (resumable), or any RDB URL so
-  several workers share one study.
+* Storage (:mod:`._storage`): a journal file in the run directory by default (resumable), or
+  any RDB URL so several workers share one study.
 """
 
 from __future__ import annotations
@@ -28,9 +28,6 @@ from pathlib import Path
 
 import numpy as np
 import optuna
-from optuna.storages import JournalStorage, RDBStorage
-from optuna.storages.journal import JournalFileBackend
-from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from mpsearch.analysis import Measurement, Measurer
 from mpsearch.assignment import Assignment, estimate_latency, make_assignment, model_size
@@ -45,86 +42,14 @@ from mpsearch.search._seeds import (
     neighbor,
     seed_assignments,
 )
+from mpsearch.search._storage import open_study
 from mpsearch.spec import SearchSpec
 from mpsearch.summary import ModelSummary
 
-__all__ = ["SAMPLERS", "SearchResult", "TrialRecord", "make_sampler", "open_study", "run_search",
-           "study_progress"]
+__all__ = ["SearchResult", "TrialRecord", "run_search"]
 
 logger = logging.getLogger(__name__)
 _WORKER = f"{socket.gethostname()}:{os.getpid()}"
-optuna.logging.set_verbosity(optuna.logging.WARNING)
-_SCHEMA_ATTEMPTS = 5  # first use of an empty database by several workers at once
-
-
-def _tpe(seed: int, trials: int) -> optuna.samplers.BaseSampler:
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
-                                      n_startup_trials=min(10, max(trials // 5, 1)))
-
-
-def _nsga2(seed: int, trials: int) -> optuna.samplers.BaseSampler:
-    return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(20, trials // 20))
-
-
-def _random(seed: int, trials: int) -> optuna.samplers.BaseSampler:
-    return optuna.samplers.RandomSampler(seed=seed)
-
-
-#: Sampler name -> factory(seed, trials). ``auto``: TPE up to 300 trials, NSGA-II beyond.
-SAMPLERS: Mapping[str, Callable[[int, int], optuna.samplers.BaseSampler]] = {
-    "tpe": _tpe, "nsga2": _nsga2, "random": _random,
-}
-
-
-def make_sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampler:
-    if name == "auto":
-        name = "tpe" if trials <= 300 else "nsga2"
-    if name not in SAMPLERS:
-        raise SearchError(f"unknown sampler '{name}'; use one of auto, {', '.join(SAMPLERS)}")
-    return SAMPLERS[name](seed, trials)
-
-
-def _storage(url: str | None, run_dir: Path) -> optuna.storages.BaseStorage:
-    if url is None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(run_dir / "study.journal")))
-    if "://" not in url:  # a journal file path
-        return JournalStorage(JournalFileBackend(url))
-    if url.startswith(("postgresql://", "postgres://")):  # the driver mpsearch[postgres] installs
-        url = "postgresql+psycopg://" + url.split("://", 1)[1]
-    race: Exception | None = None
-    for attempt in range(_SCHEMA_ATTEMPTS):
-        try:
-            return RDBStorage(url, heartbeat_interval=60, grace_period=120)
-        except (IntegrityError, ProgrammingError) as e:
-            # Workers started together on an empty database all create Optuna's tables; the
-            # losers fail (optuna#1092) and find the tables made on the next attempt.
-            logger.debug("creating the Optuna schema raced another worker: %s", e)
-            race = e
-            time.sleep(0.2 * (attempt + 1))
-        except Exception as e:
-            raise SearchError(f"cannot open Optuna storage '{url}' ({e}); check the URL and "
-                              "that its driver is installed (pip install 'mpsearch[postgres]')"
-                              ) from e
-    detail = str(race).splitlines()[0] if race else ""
-    raise SearchError(f"cannot create Optuna's tables in '{url}' ({detail}); check the user may "
-                      "create tables there, or create the study once first (optuna create-study)")
-
-
-def open_study(
-    spec: SearchSpec, run_dir: Path, *, directions: Sequence[str], resume: bool
-) -> optuna.Study:
-    """Create the study, or load it for ``--resume`` / a shared storage."""
-    name = spec.study or "mpsearch"
-    storage = _storage(spec.storage, run_dir)
-    exists = name in {s.study_name for s in optuna.get_all_study_summaries(storage)}
-    if exists and not resume and spec.storage is None:
-        raise SearchError(f"{run_dir}: a search already ran here; pass --resume to continue it "
-                          "or choose another --out directory")
-    sampler = make_sampler(spec.sampler, spec.seed, spec.trials)
-    return optuna.create_study(study_name=name, storage=storage, sampler=sampler,
-                               directions=[optuna.study.StudyDirection[d.upper()]
-                                           for d in directions], load_if_exists=True)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -294,7 +219,8 @@ def _costs(study: optuna.Study, objective: _Objective, progress: Reporter | None
 
 def run_search(
     measurer: Measurer, summary: ModelSummary, spec: SearchSpec, *, run_dir: Path,
-    resume: bool = False, progress: Reporter | None = None,
+    resume: bool = False, inputs: Mapping[str, str] | None = None,
+    progress: Reporter | None = None,
 ) -> SearchResult:
     """Run (or resume) the search until the study holds ``spec.trials`` finished trials."""
     graph, profile = measurer.quantizer.graph, measurer.quantizer.profile
@@ -317,7 +243,7 @@ def run_search(
     directions = ["maximize" if higher else "minimize", "minimize"]
     if "latency" in spec.objectives:
         directions.append("minimize")
-    study = open_study(spec, run_dir, directions=directions, resume=resume)
+    study = open_study(spec, run_dir, directions=directions, resume=resume, inputs=inputs)
     _restore_cache(study, objective)
     if spec.seeding:
         objective.noise = _costs(study, objective, progress)
@@ -443,24 +369,3 @@ def _front(records: Sequence[TrialRecord], min_metric: float | None, higher: boo
         unique.setdefault((record.metric, record.size, record.latency), record)
     front = [r for r in unique.values() if not any(dominates(o, r) for o in unique.values())]
     return tuple(sorted(front, key=lambda r: (r.size, -sign * (r.metric or 0.0))))
-
-
-def study_progress(
-    journal: Path, study: str = "mpsearch"
-) -> tuple[list[tuple[float, float]], int]:
-    """(metric, size) of every complete trial and the number of finished (complete or pruned)
-    trials of a run's journal; ([], 0) while the study does not exist yet."""
-    if not journal.is_file():
-        return [], 0
-    try:
-        loaded = optuna.load_study(
-            study_name=study, storage=JournalStorage(JournalFileBackend(str(journal))))
-    except (KeyError, ValueError):
-        return [], 0
-    points, finished = [], 0
-    for trial in loaded.get_trials(deepcopy=False):
-        if trial.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
-            finished += 1
-        if trial.state == optuna.trial.TrialState.COMPLETE and trial.values:
-            points.append((float(trial.values[0]), float(trial.values[1])))
-    return points, finished

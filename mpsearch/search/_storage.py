@@ -1,0 +1,185 @@
+"""The study and where it lives: samplers, storages (a journal file by default, any RDB URL for
+several workers), resume safety, and the live progress of a journal.
+
+A study records the inputs it was made from (:func:`check_inputs` refuses to mix results from
+other ones); a run directory's own journal is repaired when a kill left a torn last record or a
+trial RUNNING (failed and queued again). The only other module that imports optuna is
+:mod:`._study`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import optuna
+from optuna.storages import JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend
+from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+from mpsearch.errors import SearchError
+from mpsearch.spec import SearchSpec
+
+__all__ = ["SAMPLERS", "check_inputs", "make_sampler", "open_study", "stored_inputs",
+           "study_progress"]
+
+logger = logging.getLogger(__name__)
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+_SCHEMA_ATTEMPTS = 5  # first use of an empty database by several workers at once
+
+
+def _tpe(seed: int, trials: int) -> optuna.samplers.BaseSampler:
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
+                                      n_startup_trials=min(10, max(trials // 5, 1)))
+
+
+def _nsga2(seed: int, trials: int) -> optuna.samplers.BaseSampler:
+    return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(20, trials // 20))
+
+
+def _random(seed: int, trials: int) -> optuna.samplers.BaseSampler:
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+#: Sampler name -> factory(seed, trials). ``auto``: TPE up to 300 trials, NSGA-II beyond.
+SAMPLERS: Mapping[str, Callable[[int, int], optuna.samplers.BaseSampler]] = {
+    "tpe": _tpe, "nsga2": _nsga2, "random": _random,
+}
+
+
+def make_sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampler:
+    if name == "auto":
+        name = "tpe" if trials <= 300 else "nsga2"
+    if name not in SAMPLERS:
+        raise SearchError(f"unknown sampler '{name}'; use one of auto, {', '.join(SAMPLERS)}")
+    return SAMPLERS[name](seed, trials)
+
+
+def _journal(path: Path) -> optuna.storages.BaseStorage:
+    """A journal file, its torn last line (a write cut by a kill or a full disk) dropped first,
+    so the next record does not land glued to it."""
+    if path.is_file() and path.stat().st_size:
+        with path.open("rb+") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.seek(0)
+                data = f.read()
+                keep = data.rfind(b"\n") + 1
+                logger.warning("%s: dropping a torn last record (%d bytes)", path,
+                               len(data) - keep)
+                f.truncate(keep)
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+def _storage(url: str | None, run_dir: Path) -> optuna.storages.BaseStorage:
+    if url is None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return _journal(run_dir / "study.journal")
+    if "://" not in url:  # a journal file path
+        return _journal(Path(url))
+    if url.startswith(("postgresql://", "postgres://")):  # the driver mpsearch[postgres] installs
+        url = "postgresql+psycopg://" + url.split("://", 1)[1]
+    race: Exception | None = None
+    for attempt in range(_SCHEMA_ATTEMPTS):
+        try:
+            return RDBStorage(url, heartbeat_interval=60, grace_period=120)
+        except (IntegrityError, ProgrammingError) as e:
+            # Workers started together on an empty database all create Optuna's tables; the
+            # losers fail (optuna#1092) and find the tables made on the next attempt.
+            logger.debug("creating the Optuna schema raced another worker: %s", e)
+            race = e
+            time.sleep(0.2 * (attempt + 1))
+        except Exception as e:
+            raise SearchError(f"cannot open Optuna storage '{url}' ({e}); check the URL and "
+                              "that its driver is installed (pip install 'mpsearch[postgres]')"
+                              ) from e
+    detail = str(race).splitlines()[0] if race else ""
+    raise SearchError(f"cannot create Optuna's tables in '{url}' ({detail}); check the user may "
+                      "create tables there, or create the study once first (optuna create-study)")
+
+
+def open_study(
+    spec: SearchSpec, run_dir: Path, *, directions: Sequence[str], resume: bool,
+    inputs: Mapping[str, str] | None = None,
+) -> optuna.Study:
+    """Create the study, or load it for ``--resume`` / a shared storage.
+
+    ``inputs`` (what the results depend on: model, data, profile and spec fingerprints) is
+    stored with a new study; an existing study made from other inputs is refused, naming what
+    changed, so a resumed or shared search never mixes results.
+    """
+    name = spec.study or "mpsearch"
+    storage = _storage(spec.storage, run_dir)
+    exists = name in {s.study_name for s in optuna.get_all_study_summaries(storage)}
+    if exists and not resume and spec.storage is None:
+        raise SearchError(f"{run_dir}: a search already ran here; pass --resume to continue it "
+                          "or choose another --out directory")
+    sampler = make_sampler(spec.sampler, spec.seed, spec.trials)
+    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                directions=[optuna.study.StudyDirection[d.upper()]
+                                            for d in directions], load_if_exists=True)
+    if inputs is not None:
+        stored = study.user_attrs.get("inputs")
+        if stored is None:
+            study.set_user_attr("inputs", dict(inputs))
+        else:
+            check_inputs(stored, inputs, f"{run_dir}: study '{name}'")
+    if spec.storage is None:
+        _retry_interrupted(study)
+    return study
+
+
+def stored_inputs(spec: SearchSpec, run_dir: Path) -> dict[str, str] | None:
+    """The inputs a run directory's (or a shared storage's) study was made from, or None when
+    there is no such study yet."""
+    name = spec.study or "mpsearch"
+    if spec.storage is None and not (run_dir / "study.journal").is_file():
+        return None
+    storage = _storage(spec.storage, run_dir)
+    if name not in {s.study_name for s in optuna.get_all_study_summaries(storage)}:
+        return None
+    found = optuna.load_study(study_name=name, storage=storage).user_attrs.get("inputs")
+    return dict(found) if isinstance(found, dict) else None
+
+
+def check_inputs(stored: Mapping[str, str], inputs: Mapping[str, str], where: str) -> None:
+    """SearchError naming what changed when ``inputs`` differ from the ``stored`` ones."""
+    changed = sorted(k for k in {*stored, *inputs} if stored.get(k) != inputs.get(k))
+    if changed:
+        raise SearchError(f"{where} was made from other inputs (changed: {', '.join(changed)});"
+                          " resume with the same model, data, profile and spec, or search into"
+                          " a new --out directory")
+
+
+def _retry_interrupted(study: optuna.Study) -> None:
+    """A run directory's own journal has one worker: a trial still RUNNING when it opens was
+    cut off by a kill. It is failed, and its configuration queued again."""
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        study.enqueue_trial(dict(trial.params), user_attrs={
+            "source": f"retry of interrupted trial {trial.number}"})
+        logger.info("trial %d was interrupted; queued again", trial.number)
+
+
+def study_progress(
+    journal: Path, study: str = "mpsearch"
+) -> tuple[list[tuple[float, float]], int]:
+    """(metric, size) of every complete trial and the number of finished (complete or pruned)
+    trials of a run's journal; ([], 0) while the study does not exist yet."""
+    if not journal.is_file():
+        return [], 0
+    try:
+        loaded = optuna.load_study(
+            study_name=study, storage=JournalStorage(JournalFileBackend(str(journal))))
+    except (KeyError, ValueError):
+        return [], 0
+    points, finished = [], 0
+    for trial in loaded.get_trials(deepcopy=False):
+        if trial.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
+            finished += 1
+        if trial.state == optuna.trial.TrialState.COMPLETE and trial.values:
+            points.append((float(trial.values[0]), float(trial.values[1])))
+    return points, finished
