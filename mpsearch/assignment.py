@@ -173,12 +173,13 @@ def _clamped_by_q(
     outputs: Sequence[tuple[str, ActivationSpec]],
 ) -> bool:
     """True when a Relu/Clip needs no kernel: its input is quantized on its own output's range
-    with an asymmetric grid, whose QuantizeLinear clamps exactly as the op does (the grid
-    always contains 0, so this needs Clip bounds min <= 0 <= max)."""
+    with an asymmetric integer grid, whose QuantizeLinear clamps exactly as the op does (the
+    grid always contains 0, so this needs Clip bounds min <= 0 <= max). A float16 Cast round
+    trip clamps nothing, so float formats always keep the op."""
     if node.op_type not in _CLAMPS or len(inputs) != 1 or len(outputs) != 1:
         return False
     (_, spec_in), (_, spec_out) = inputs[0], outputs[0]
-    if spec_in != spec_out or spec_in.symmetric:
+    if spec_in != spec_out or spec_in.symmetric or _float(spec_in):
         return False
     names = [t for t in node.inputs[1:3] if t]
     if any(t not in graph.initializers or graph.initializers[t].size != 1 for t in names):
