@@ -22,6 +22,7 @@ from typing import Any
 # CLI's `summary` does not pay for numba, optuna or onnxruntime.
 _EXPORTS = {
     "Assignment": "assignment", "estimate_latency": "assignment",
+    "latency_unknown_reason": "assignment",
     "load_assignment": "assignment", "make_assignment": "assignment",
     "model_size": "assignment", "uniform_assignment": "assignment",
     "CalibrationTable": "calibration", "calibrate": "calibration", "load_table": "calibration",
@@ -72,6 +73,7 @@ __all__ = [
     "build_qdq",
     "calibrate",
     "estimate_latency",
+    "latency_unknown_reason",
     "list_profiles",
     "load_assignment",
     "load_data",

@@ -31,7 +31,7 @@ from mpsearch.pipeline import Prepared, prepare
 from mpsearch.quantize import Quantizer
 from mpsearch.runtime import create_session, ort_version
 from mpsearch.search import SearchResult, TrialRecord, group_nodes, run_search, seed_assignments
-from mpsearch.spec import SearchSpec
+from mpsearch.spec import SearchSpec, check_latency_objective
 
 __all__ = ["DryRun", "ExportResult", "SearchRun", "dry_run", "export_point", "search"]
 
@@ -98,6 +98,7 @@ def search(
     progress: bool = False,
 ) -> SearchRun:
     """Prepare, analyse, search and re-measure the front on held-out data; write the run dir."""
+    check_latency_objective(spec)  # before any work: an unknown cost fails every trial
     out = Path(run_dir) if run_dir is not None else Path("runs") / Path(spec.path or "x").stem
     out.mkdir(parents=True, exist_ok=True)
     prepared = prepare(spec.model, spec.profile, spec.data,

@@ -24,7 +24,7 @@ from typing import Any
 from mpsearch._yaml import Section, load_yaml
 from mpsearch.errors import SpecError
 
-__all__ = ["SAMPLER_NAMES", "SearchSpec", "load_spec"]
+__all__ = ["SAMPLER_NAMES", "SearchSpec", "check_latency_objective", "load_spec"]
 
 SAMPLER_NAMES = ("auto", "tpe", "nsga2", "random")
 OBJECTIVES = ("metric", "size", "latency")
@@ -152,3 +152,22 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
         explore=_fraction(root, "explore", 0.5),
         path=file,
     )
+
+
+def check_latency_objective(spec: SearchSpec) -> None:
+    """SpecError when ``latency`` is an objective but the profile cannot estimate it (a cost
+    is unknown): every quantized trial would fail, leaving an FP32-only front."""
+    if "latency" not in spec.objectives:
+        return
+    import onnx
+
+    from mpsearch.assignment import latency_unknown_reason  # not at import: loads networkx
+    from mpsearch.profiles import load_profile
+
+    try:  # the op types only; a model that cannot load is reported by the pipeline
+        op_types = {n.op_type for n in onnx.load(spec.model, load_external_data=False).graph.node}
+    except Exception:
+        op_types = set()
+    why = latency_unknown_reason(load_profile(spec.profile), op_types)
+    if why is not None:
+        raise SpecError(f"{spec.path or 'search spec'}: objective 'latency': {why}")
