@@ -241,7 +241,7 @@ def _small_enough(node: onnx.NodeProto, values: dict[str, onnx.TensorProto],
 
 def _nbytes(tensor: onnx.TensorProto) -> int:
     if tensor.data_type == onnx.TensorProto.STRING:
-        return tensor.ByteSize()
+        return int(tensor.ByteSize())
     itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
     return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
 
