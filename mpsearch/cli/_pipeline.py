@@ -54,7 +54,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     reference = load_model(args.reference or args.model)
     evaluator = Evaluator(reference, load_data(args.data), metric=args.metric)
-    result = evaluator.evaluate(load_model(args.model).model)
+    result = evaluator.evaluate(load_model(args.model).model, require_finite=True)
     print(f"model    {args.model} on {result.samples} samples "
           f"(reference {args.reference or 'itself'})")
     for name, value in result.metrics.items():
