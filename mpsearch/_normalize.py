@@ -32,6 +32,8 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from mpsearch.errors import ModelError
+
 __all__ = [
     "constants_to_initializers",
     "drop_initializer_inputs",
@@ -159,11 +161,30 @@ def drop_initializer_inputs(model: onnx.ModelProto, changes: list[str]) -> None:
         changes.append(f"removed {dropped} initializers from the graph inputs")
 
 
+#: Largest output (bytes) constant folding computes; a bigger one stays a node in the graph.
+FOLD_MAX_BYTES = 64 << 20
+#: A constant-only node computing more than this, and more than BOMB_RATIO x the bytes it
+#: reads, is refused (ModelError): no exporter writes that; a decompression bomb does.
+BOMB_MIN_BYTES = 1 << 30
+BOMB_RATIO = 64
+#: Initializers up to this many elements are given to shape inference as values (shape math).
+_DATA_PROPAGATED = 4096
+#: Ops whose output size follows from input values, not shapes: unsized, they are not folded.
+_GENERATING = frozenset({
+    "ConstantOfShape", "Expand", "Tile", "Range", "Resize", "Upsample", "Pad", "OneHot",
+    "CenterCropPad", "Col2Im",
+})
+
+
 def fold_constants(model: onnx.ModelProto, changes: list[str]) -> None:
     """Replace every default-domain node whose inputs are all initializers by its outputs.
 
     Nodes are visited in (topological) file order, so chains fold completely. A node the
-    reference implementation cannot run is left in place (logged at debug level).
+    reference implementation cannot run, or whose output would exceed :data:`FOLD_MAX_BYTES`
+    (or cannot be sized before computing it, for ops that generate data from a shape) is left
+    in place (logged at debug level): a 200-byte ``ConstantOfShape`` must not allocate GBs.
+    Raises :class:`ModelError` for an output over ``BOMB_MIN_BYTES`` that is also ``BOMB_RATIO``
+    times what the node reads (ONNX Runtime would otherwise compute it at session creation).
     """
     graph = model.graph
     opsets = {e.domain or "": int(e.version) for e in model.opset_import}
@@ -171,7 +192,8 @@ def fold_constants(model: onnx.ModelProto, changes: list[str]) -> None:
     graph_outputs = {o.name for o in graph.output}
     keep, folded = [], 0
     for node in graph.node:
-        if not _foldable(node, values, graph_outputs):
+        if not _foldable(node, values, graph_outputs) or not _small_enough(
+                node, values, opsets, graph.name):
             keep.append(node)
             continue
         results = _evaluate(node, values, opsets)
@@ -229,6 +251,60 @@ def _foldable(node: onnx.NodeProto, values: dict[str, onnx.TensorProto],
     return (node.domain in ("", "ai.onnx") and node.op_type not in _NOT_FOLDED
             and bool(inputs) and all(name in values for name in inputs)
             and not any(name in graph_outputs for name in node.output))
+
+
+def _small_enough(node: onnx.NodeProto, values: dict[str, onnx.TensorProto],
+                  opsets: dict[str, int], graph_name: str) -> bool:
+    """True when ONNX shape inference sizes every output of ``node`` within FOLD_MAX_BYTES
+    (an unsized output passes unless the op generates data from a shape or from values)."""
+    inputs, small = [], []
+    for name in dict.fromkeys(n for n in node.input if n):
+        tensor = values[name]
+        if int(np.prod(tensor.dims, dtype=np.int64)) <= _DATA_PROPAGATED:
+            small.append(tensor)  # shape arithmetic: inference reads the values
+        else:
+            inputs.append(helper.make_tensor_value_info(name, tensor.data_type, tensor.dims))
+    outputs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
+               for o in node.output if o]
+    model = helper.make_model(
+        helper.make_graph([node], "fold", inputs, outputs, small),
+        opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception as e:  # inference failed: size unknown
+        logger.debug("cannot size %s (%s) before folding: %s", node.name, node.op_type, e)
+        inferred = model
+    for value in inferred.graph.output:
+        kind = value.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in kind.shape.dim]
+        if not kind.HasField("shape") or any(d < 0 for d in dims) or not kind.elem_type:
+            if node.op_type in _GENERATING:
+                logger.debug("not folding %s (%s): output size unknown before computing it",
+                             node.name, node.op_type)
+                return False
+            continue
+        itemsize = (0 if kind.elem_type == onnx.TensorProto.STRING
+                    else helper.tensor_dtype_to_np_dtype(kind.elem_type).itemsize)
+        size = float(np.prod(dims, dtype=np.float64)) * itemsize
+        read = sum(_nbytes(values[n]) for n in node.input if n)
+        if size > BOMB_MIN_BYTES and size > BOMB_RATIO * read:
+            raise ModelError(
+                f"ONNX graph '{graph_name}': node '{node.name}' ({node.op_type}) would compute a "
+                f"{size / 2**30:.1f} GiB tensor from {read} bytes of constants (limit "
+                f"{BOMB_MIN_BYTES / 2**30:.0f} GiB); the file is malformed or hostile, "
+                "re-export the model")
+        if size > FOLD_MAX_BYTES:
+            logger.debug("not folding %s (%s): its output %s would take %d bytes (limit %d)",
+                         node.name, node.op_type, value.name, size, FOLD_MAX_BYTES)
+            return False
+    return True
+
+
+def _nbytes(tensor: onnx.TensorProto) -> int:
+    if tensor.data_type == onnx.TensorProto.STRING:
+        return int(tensor.ByteSize())
+    itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
 
 
 def _evaluate(node: onnx.NodeProto, values: dict[str, onnx.TensorProto],

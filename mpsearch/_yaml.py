@@ -120,6 +120,11 @@ _LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)
 _LineLoader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)
 
 
+def _byte_line(data: bytes, offset: int) -> int:
+    """1-based line of byte ``offset`` in ``data``."""
+    return data.count(b"\n", 0, offset) + 1
+
+
 def load_yaml(path: str | os.PathLike[str], error: type[Exception]) -> Any:
     """Parse one YAML file; mappings become LineDict, sequences LineList.
 
@@ -131,6 +136,10 @@ def load_yaml(path: str | os.PathLike[str], error: type[Exception]) -> Any:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise error(f"{file}: cannot read the file ({e.strerror}); check the path") from e
+    except UnicodeDecodeError as e:
+        line = _byte_line(Path(path).read_bytes(), e.start)
+        raise error(f"{file}:{line}: byte {e.object[e.start]:#04x} is not UTF-8; save the file "
+                    "as UTF-8") from e
     loader = _LineLoader(text)
     loader.file = file
     loader.error_cls = error

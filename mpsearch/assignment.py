@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -30,6 +30,7 @@ __all__ = [
     "NodePlan",
     "plan_nodes",
     "estimate_latency",
+    "latency_unknown_reason",
     "load_assignment",
     "make_assignment",
     "model_size",
@@ -191,12 +192,13 @@ def _clamped_by_q(
     outputs: Sequence[tuple[str, ActivationSpec]],
 ) -> bool:
     """True when a Relu/Clip needs no kernel: its input is quantized on its own output's range
-    with an asymmetric grid, whose QuantizeLinear clamps exactly as the op does (the grid
-    always contains 0, so this needs Clip bounds min <= 0 <= max)."""
+    with an asymmetric integer grid, whose QuantizeLinear clamps exactly as the op does (the
+    grid always contains 0, so this needs Clip bounds min <= 0 <= max). A float16 Cast round
+    trip clamps nothing, so float formats always keep the op."""
     if node.op_type not in _CLAMPS or len(inputs) != 1 or len(outputs) != 1:
         return False
     (_, spec_in), (_, spec_out) = inputs[0], outputs[0]
-    if spec_in != spec_out or spec_in.symmetric:
+    if spec_in != spec_out or spec_in.symmetric or _float(spec_in):
         return False
     names = [t for t in node.inputs[1:3] if t]
     if any(t not in graph.initializers or graph.initializers[t].size != 1 for t in names):
@@ -295,6 +297,28 @@ def model_size(graph: ModelGraph, profile: HardwareProfile, assignment: Mapping[
 
 def _float(spec: ActivationSpec) -> bool:
     return spec.dtype.startswith("float")
+
+
+def latency_unknown_reason(
+    profile: HardwareProfile, op_types: Iterable[str] | None = None
+) -> str | None:
+    """Why :func:`estimate_latency` cannot rank assignments under ``profile``, or None.
+
+    A format whose ``relative_cost`` is unknown makes the estimate None for every assignment
+    that uses it (the default format is used by every node), so a latency objective would fail
+    every trial. With ``op_types`` (the model's), an op rule overriding an allowed format's
+    cost with unknown counts too.
+    """
+    unknown = [name for name, fmt in profile.formats.items() if fmt.relative_cost is None]
+    for op in sorted(set(op_types or ())):
+        rule = profile.op_rule(op)
+        unknown += [f"{name} on {op}" for name, cost in (rule.cost.items() if rule else ())
+                    if cost is None and name not in unknown and name in profile.formats_for(op)]
+    if not unknown:
+        return None
+    return (f"profile '{profile.name}' has no known relative_cost for {', '.join(unknown)}, so "
+            "latency cannot be estimated; drop 'latency' from objectives, or set relative_cost "
+            f"(measured on the target) in a profile with 'extends: {profile.name}'")
 
 
 def estimate_latency(

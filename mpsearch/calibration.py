@@ -17,6 +17,8 @@ import logging
 import math
 import os
 import time
+import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -191,9 +193,10 @@ def load_table(directory: str | os.PathLike[str]) -> CalibrationTable:
     except FileNotFoundError as e:
         raise CalibrationError(f"{folder}: no calibration table ({e.filename} is missing); run "
                                "'mpsearch calibrate' first") from e
-    except (OSError, ValueError, KeyError) as e:
-        raise CalibrationError(f"{folder}: the calibration table is unreadable ({e}); delete "
-                               "it and recalibrate") from e
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise CalibrationError(f"{folder}: the calibration table is unreadable "
+                               f"({type(e).__name__}: {str(e)[:200]}); delete it and "
+                               "recalibrate") from e
     if meta.get("format") != _FORMAT or meta.get("hist_digest") != _digest(hists):
         raise CalibrationError(f"{folder}: the calibration table is from another version or "
                                "half-written; delete it and recalibrate")

@@ -15,6 +15,8 @@ import importlib
 import logging
 import os
 import re
+import warnings
+import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mpsearch._data_limits import CORRUPT, LIMITS, Limits, check_npz, first_line, npy_bytes
 from mpsearch.errors import DataError
 
 if TYPE_CHECKING:
     from mpsearch.graph import ModelGraph
 
-__all__ = ["Dataset", "ImageOptions", "check_finite", "check_signature", "load_data"]
+__all__ = ["LIMITS", "Dataset", "ImageOptions", "Limits", "check_finite", "check_signature",
+           "load_data"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +40,8 @@ IMAGE_SUFFIXES = frozenset(
     {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
 _READER = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 LABELS = "labels"
+
+
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +71,12 @@ class ImageOptions:
             np.dtype(self.dtype)
         except TypeError as e:
             raise DataError(f"image options: dtype '{self.dtype}' is not a numpy dtype") from e
+        for key in ("size", "crop"):
+            value = getattr(self, key)
+            sides = () if value is None else (value,) if isinstance(value, int) else value
+            if any(not 1 <= int(v) <= LIMITS.image_side for v in sides):
+                raise DataError(f"image options: {key} {value} is outside 1..{LIMITS.image_side}"
+                                " pixels; use a smaller size")
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any]) -> ImageOptions:
@@ -215,25 +227,33 @@ def load_data(source: str | os.PathLike[str], *, images: ImageOptions | None = N
                     "folder or a 'package.module:function' reader")
 
 
-def _from_npz(path: Path) -> Dataset:
+def _from_npz(path: Path, limits: Limits = LIMITS) -> Dataset:
     try:
+        check_npz(path, limits)
         with np.load(path, allow_pickle=False) as archive:
             arrays = {name: archive[name] for name in archive.files}
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path}: cannot read the archive ({e}); re-save it with "
-                        "numpy.savez") from e
+    except CORRUPT as e:
+        raise DataError(f"{path}: cannot read the archive ({type(e).__name__}: "
+                        f"{first_line(e)}); the file is truncated or not an .npz, re-save it "
+                        "with numpy.savez") from e
     labels = arrays.pop(LABELS, None)
     if not arrays:
         raise DataError(f"{path}: the archive holds no input arrays; add one per model input")
     return Dataset(inputs=arrays, labels=labels, source=str(path))
 
 
-def _load_npy(path: Path) -> np.ndarray:
+def _load_npy(path: Path, limits: Limits = LIMITS) -> np.ndarray:
     try:
+        with open(path, "rb") as stream:
+            declared = npy_bytes(stream)
+        if declared > min(limits.data_bytes, path.stat().st_size):
+            raise DataError(f"{path}: the header declares {declared} bytes but the file holds "
+                            f"{path.stat().st_size} (limit {limits.data_bytes}); the file is "
+                            "truncated or too large, re-save it with numpy.save")
         return np.asarray(np.load(path, allow_pickle=False))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path}: cannot read the array ({e}); re-save it with "
-                        "numpy.save") from e
+    except CORRUPT as e:
+        raise DataError(f"{path}: cannot read the array ({type(e).__name__}: "
+                        f"{first_line(e)}); re-save it with numpy.save") from e
 
 
 def _from_reader(spec: str) -> Dataset:
@@ -317,9 +337,20 @@ def _decode(path: Path, options: ImageOptions) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError  # only image folders need Pillow
 
     try:
-        with Image.open(path) as raw:
-            image = raw.convert(options.mode)
-    except (OSError, UnidentifiedImageError) as e:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as raw:  # reads the header only
+                pixels_declared = raw.size[0] * raw.size[1]
+                if pixels_declared > LIMITS.image_pixels:
+                    raise DataError(
+                        f"{path}: the image is {raw.size[0]}x{raw.size[1]} pixels (limit "
+                        f"{LIMITS.image_pixels}); a decompression bomb or not a photo, "
+                        "resize it first")
+                image = raw.convert(options.mode)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise DataError(f"{path}: refused as a decompression bomb ({e}); resize the "
+                        "image first") from e
+    except (OSError, UnidentifiedImageError, ValueError, zlib.error) as e:
         raise DataError(f"{path}: cannot decode the image ({e}); remove or re-save it") from e
     if options.size is not None:
         if isinstance(options.size, int):

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 
 from mpsearch import kernels
-from mpsearch.data import Dataset
+from mpsearch.data import Dataset, check_finite
 from mpsearch.errors import DataError, SpecError
 from mpsearch.graph import ModelGraph
 from mpsearch.runtime import Session, create_session
@@ -136,8 +136,12 @@ class Evaluator:
         if self.primary.needs_labels and data.labels is None:
             raise DataError(f"{data.source}: metric '{self.primary.name}' needs labels; add a "
                             "'labels' array or use metric 'agreement'")
+        for index, feeds in enumerate(data.batches(batch_size)):
+            check_finite(feeds, source=data.source, batch=index, batch_size=batch_size)
         reference = create_session(graph.model, threads=threads, label=graph.name)
         self.reference = self._outputs(reference)
+        _check_outputs(self.reference, f"{data.source}: the reference model {graph.name!r}",
+                       "check the model and its inputs")
 
     def _outputs(self, session: Session, limit: int | None = None) -> np.ndarray:
         parts, seen = [], 0
@@ -166,12 +170,17 @@ class Evaluator:
         return create_session(model, threads=self.threads, label="candidate")
 
     def evaluate(
-        self, model: onnx.ModelProto | bytes | Session, *, limit: int | None = None
+        self, model: onnx.ModelProto | bytes | Session, *, limit: int | None = None,
+        require_finite: bool = False,
     ) -> Evaluation:
-        """Score ``model`` on the first ``limit`` samples (all by default)."""
+        """Score ``model`` on the first ``limit`` samples (all by default). With
+        ``require_finite``, a NaN or Inf output is a :class:`DataError` instead of NaN metrics."""
         start = time.perf_counter()
         session = model if isinstance(model, Session) else self.session(model)
         outputs = self._outputs(session, limit)
+        if require_finite:
+            _check_outputs(outputs, f"{self.data.source}: the evaluated model",
+                           "its quantization overflows or the model is broken")
         return Evaluation(metrics=self.metrics(outputs), primary=self.primary.name,
                           samples=len(outputs), seconds=time.perf_counter() - start)
 
@@ -180,3 +189,12 @@ class Evaluator:
         return Evaluation(metrics=self.metrics(self.reference), primary=self.primary.name,
                           samples=len(self.reference), seconds=0.0)
 
+
+def _check_outputs(outputs: np.ndarray, what: str, fix: str) -> None:
+    """DataError naming how many samples of ``outputs`` hold NaN or Inf, and the first."""
+    if outputs.dtype.kind != "f":
+        return
+    bad = ~np.isfinite(outputs.reshape(len(outputs), -1)).all(axis=1)
+    if bad.any():
+        raise DataError(f"{what} outputs NaN or Inf for {int(bad.sum())} of {len(outputs)} "
+                        f"samples (first: sample {int(np.argmax(bad))}); {fix}")

@@ -37,6 +37,7 @@ from mpsearch.analysis import (
 from mpsearch.assignment import (
     Assignment,
     estimate_latency,
+    latency_unknown_reason,
     load_assignment,
     make_assignment,
     model_size,
@@ -275,6 +276,7 @@ def search_run(
 ) -> SearchRun:
     """Prepare, analyze (when ``spec.analysis``), search and re-measure the front on held-out
     data, through one measurer per split; write the run directory."""
+    _check_latency_objective(spec)  # before any work: an unknown cost fails every trial
     run = _rundir(run_dir).create()
     prepared = prepare(spec, run, progress=progress)
     search_data, held_data = _splits(prepared, spec)
@@ -305,6 +307,20 @@ def search_run(
                        r.source] for r in result.trials])
     return SearchRun(run_dir=run.path, result=result, front=front, analysis=analysis,
                      measured=tuple(measurer.measured))
+
+
+def _check_latency_objective(spec: SearchSpec) -> None:
+    """SpecError when ``latency`` is an objective but the profile cannot estimate it (a cost
+    is unknown): every quantized trial would fail, leaving an FP32-only front."""
+    if "latency" not in spec.objectives:
+        return
+    try:  # the op types only; a model that cannot load is reported by prepare
+        op_types = {n.op_type for n in onnx.load(spec.model, load_external_data=False).graph.node}
+    except Exception:
+        op_types = set()
+    why = latency_unknown_reason(load_profile(spec.profile), op_types)
+    if why is not None:
+        raise SpecError(f"{spec.path or 'search spec'}: objective 'latency': {why}")
 
 
 #: Spec fields left out of the spec's fingerprint: more trials, more time, another worker,
@@ -469,7 +485,7 @@ def evaluate_model(model: str | os.PathLike[str], data: str | os.PathLike[str], 
     """``mpsearch eval``: the metrics of ``model`` against the outputs of ``reference`` (the
     model itself by default) on ``data``."""
     evaluator = Evaluator(load_model(reference or model), load_data(data), metric=metric)
-    return evaluator.evaluate(load_model(model).model)
+    return evaluator.evaluate(load_model(model).model, require_finite=True)
 
 
 # -- dry run ---------------------------------------------------------------------------------

@@ -74,3 +74,38 @@ def test_data_that_does_not_match_the_model(tmp_path: Path,
                  "--uniform", "int8", "--out", str(tmp_path / "x.onnx")]) == 2
     err = capsys.readouterr().err
     assert "bad.npz" in err and "'input'" in err
+
+
+def test_latency_is_known_only_where_every_cost_is() -> None:
+    from mpsearch.assignment import latency_unknown_reason
+    from mpsearch.profiles import list_profiles, load_profile
+
+    reasons = {name: latency_unknown_reason(load_profile(name)) for name in list_profiles()}
+    assert sorted(n for n, why in reasons.items() if why is None) == ["x86_ort", "x86_ort_avx2"]
+    transformer = {n.op_type for n in onnx.load(FIXTURES / "transformer.onnx").graph.node}
+    assert latency_unknown_reason(load_profile("x86_ort"), transformer) == (
+        "profile 'x86_ort' has no known relative_cost for int8 on Div, int8 on "
+        "LayerNormalization, so latency cannot be estimated; drop 'latency' from objectives, or "
+        "set relative_cost (measured on the target) in a profile with 'extends: x86_ort'")
+    mobilenet = {n.op_type for n in onnx.load(MODEL).graph.node}
+    assert latency_unknown_reason(load_profile("x86_ort"), mobilenet) is None
+    assert reasons["qnn_htp"] == (
+        "profile 'qnn_htp' has no known relative_cost for int16, fp16, fp32, so latency cannot "
+        "be estimated; drop 'latency' from objectives, or set relative_cost (measured on the "
+        "target) in a profile with 'extends: qnn_htp'")
+
+
+def test_latency_objective_with_unknown_cost_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"model: {MODEL}\nprofile: qnn_htp\ndata: {{source: {DATA}}}\n"
+                    "objectives: [metric, size, latency]\nbudget: {trials: 2}\n")
+    out = tmp_path / "run"
+    assert main(["search", str(spec), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"mpsearch: error: {spec}: objective 'latency': profile 'qnn_htp' has no "
+                   "known relative_cost for int16, fp16, fp32, so latency cannot be estimated; "
+                   "drop 'latency' from objectives, or set relative_cost (measured on the "
+                   "target) in a profile with 'extends: qnn_htp'\n")
+    assert not out.exists()

@@ -262,3 +262,40 @@ def test_a_negative_dim_value_is_a_dynamic_dimension() -> None:
         opset_imports=[helper.make_opsetid("", 13)])
     graph = load_model(model)
     assert graph.inputs[0].shape == (None, 3)
+def _constant_of_shape(elements: int) -> onnx.ModelProto:
+    """x + max(ConstantOfShape([elements])): a few bytes of file, ``4 * elements`` when folded."""
+    return _model(f"""
+<ir_version: 8, opset_import: ["" : 17]>
+bomb (float[N, 4] x) => (float[N, 4] y) {{
+    shape = Constant <value = int64[1] {{{elements}}}> ()
+    big = ConstantOfShape <value = float[1] {{1.0}}> (shape)
+    top = ReduceMax <keepdims = 1> (big)
+    y = Add (x, top)
+}}
+""")
+
+
+def test_folding_leaves_a_large_constant_to_the_runtime() -> None:
+    """96 MiB is over FOLD_MAX_BYTES (64 MiB): left unfolded, and the model still runs."""
+    graph = load_model(_constant_of_shape(24 << 20))
+    assert [n.op_type for n in graph.model.graph.node] == ["ConstantOfShape", "ReduceMax", "Add"]
+    assert not any("folded" in c for c in graph.changes)
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal(create_session(graph.model).run({"x": x})["y"], x + 1)
+
+
+def test_constant_of_shape_bomb_is_refused_without_allocating() -> None:
+    import tracemalloc
+
+    from mpsearch.errors import ModelError
+
+    tracemalloc.start()
+    with pytest.raises(ModelError) as caught:
+        load_model(_constant_of_shape(1 << 30))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 16 << 20
+    assert str(caught.value) == (
+        "ONNX graph 'bomb': node 'ConstantOfShape_1' (ConstantOfShape) would compute a 4.0 GiB "
+        "tensor from 8 bytes of constants (limit 1 GiB); the file is malformed or hostile, "
+        "re-export the model")

@@ -306,10 +306,11 @@ def test_extends_local_file_deep_merges(tmp_path: Path) -> None:
 
 
 def test_extends_relative_path(tmp_path: Path) -> None:
+    """A path inside the profile's folder (``..`` is refused: issue 17)."""
     (tmp_path / "boards").mkdir()
-    _write(tmp_path, BASE, "base.yaml")
-    child = _write(tmp_path, "schema: 1\nextends: ../base.yaml\nfallback: error\n",
-                   "boards/strict.yaml")
+    _write(tmp_path, BASE, "boards/base.yaml")
+    child = _write(tmp_path, "schema: 1\nextends: boards/base.yaml\nfallback: error\n",
+                   "strict.yaml")
     assert load_profile(child).fallback == "error"
 
 
@@ -483,3 +484,41 @@ def test_cli_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     captured = capsys.readouterr()
     assert captured.out == f"ok {good}\n"
     assert captured.err == f"mpsearch: error: {bad}:28: memory_budget_bytes must be >= 0, got -5\n"
+
+
+@pytest.mark.parametrize("target", ["/etc/passwd.yaml", "../outside.yaml", "sub/../../x.yaml"])
+def test_extends_cannot_leave_the_profile_folder(tmp_path: Path, target: str) -> None:
+    folder = tmp_path / "uploads"
+    folder.mkdir()
+    (tmp_path / "outside.yaml").write_text("schema: 1\nsecret: 42\n")
+    profile = folder / "mine.yaml"
+    profile.write_text(f"schema: 1\nname: mine\nextends: {target}\n")
+    with pytest.raises(ProfileError) as caught:
+        load_profile(profile)
+    assert str(caught.value) == (
+        f"{profile}:3: extends '{target}' leaves the profile's folder; name a shipped profile "
+        "or a file next to this one")
+
+
+def test_extends_through_a_link_out_of_the_folder_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "uploads"
+    folder.mkdir()
+    (tmp_path / "outside.yaml").write_text("schema: 1\nsecret: 42\n")
+    (folder / "base.yaml").symlink_to(tmp_path / "outside.yaml")
+    profile = folder / "mine.yaml"
+    profile.write_text("schema: 1\nname: mine\nextends: base\n")
+    with pytest.raises(ProfileError) as caught:
+        load_profile(profile)
+    assert str(caught.value) == (
+        f"{profile}:3: extends 'base' resolves outside the profile's folder "
+        f"({(tmp_path / 'outside.yaml').resolve()}); name a shipped profile or a file next to "
+        "this one")
+
+
+def test_extends_a_shipped_profile_or_a_sibling(tmp_path: Path) -> None:
+    shipped = tmp_path / "derived.yaml"
+    shipped.write_text("schema: 1\nname: derived\nextends: qnn_htp\n")
+    assert load_profile(shipped).formats.keys() == load_profile("qnn_htp").formats.keys()
+    sibling = tmp_path / "child.yaml"
+    sibling.write_text("schema: 1\nname: child\nextends: derived.yaml\n")
+    assert load_profile(sibling).name == "child"

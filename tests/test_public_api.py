@@ -17,8 +17,9 @@ ERRORS = {"CalibrationError", "DataError", "ModelError", "MpsearchError", "Profi
           "QuantizationError", "SearchError", "SpecError"}
 FUNCTIONS = {
     "analyze", "build_qdq", "calibrate", "check_signature", "estimate_latency", "format_summary",
-    "host_int8_isa", "list_profiles", "load_assignment", "load_data", "load_model",
-    "load_profile", "load_table", "make_assignment", "model_size", "study_progress",
+    "host_int8_isa", "latency_unknown_reason", "list_profiles", "load_assignment",
+    "load_data", "load_model", "load_profile", "load_table", "make_assignment", "model_size",
+    "study_progress",
     "summarize", "uniform_assignment", "validate_profile_file", "why_float", "write_report",
     "x86_profile_for",
 }

@@ -78,3 +78,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mpsearch: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug, not bad input: exit 3, traceback only with --debug
+        if args.debug:
+            raise
+        lines = str(e).strip().splitlines()
+        detail = f"{type(e).__name__}: {lines[0][:300]}" if lines else type(e).__name__
+        print(f"mpsearch: internal error: {detail}; run with --debug for the traceback",
+              file=sys.stderr)
+        return 3

@@ -132,7 +132,15 @@ def _read_merged(path: Path, chain: tuple[Path, ...]) -> LineDict:
 
 
 def _find_parent(root: Section, name: str, path: Path) -> Path:
-    """``extends`` target: a path relative to ``path``, a sibling name or a shipped name."""
+    """``extends`` target: a path relative to ``path``, a sibling name or a shipped name.
+
+    Only files inside ``path``'s own folder (after resolving links) or shipped profiles: an
+    uploaded profile must not read arbitrary YAML on the machine through ``extends``.
+    """
+    folder = path.parent.resolve()
+    if Path(name).is_absolute() or ".." in Path(name).parts or "\\" in name:
+        root.fail("extends", f"extends '{name}' leaves the profile's folder; name a shipped "
+                  "profile or a file next to this one")
     if name.endswith((".yaml", ".yml")):
         candidates = [path.parent / name]
     else:
@@ -141,7 +149,13 @@ def _find_parent(root: Section, name: str, path: Path) -> Path:
         candidates += [shipped] if shipped is not None else []
     for candidate in candidates:
         if candidate.is_file():
-            return candidate.resolve()
+            resolved = candidate.resolve()
+            shipped = shipped_profile_path(name)
+            if resolved.is_relative_to(folder) or (shipped is not None
+                                                   and resolved == shipped.resolve()):
+                return resolved
+            root.fail("extends", f"extends '{name}' resolves outside the profile's folder "
+                      f"({resolved}); name a shipped profile or a file next to this one")
     root.fail("extends", f"extends names '{name}', which is neither a file next to this one nor "
               f"a shipped profile ({', '.join(list_shipped()) or 'none'})")
 

@@ -1,0 +1,134 @@
+"""Hostile inputs through the real CLI, each in its own process: the documented exit code, one
+stderr line, nothing left at ``--out``, and peak memory (the child's ru_maxrss) under 1 GB.
+
+The corpus is built by ``tests/hostile/build_hostile.py``; a test checks the committed files
+are what the script writes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from mpsearch.cli import main
+
+HERE = Path(__file__).resolve().parent
+HOSTILE = HERE / "hostile"
+MODEL = str(HERE / "fixtures" / "resnet.onnx")
+DATA = str(HERE / "fixtures" / "digits_eval.npz")
+PEAK_LIMIT_KB = 1 << 20  # 1 GiB, in ru_maxrss units (kB on Linux)
+
+
+def _run(argv: list[str], tmp_path: Path) -> tuple[int, str, int]:
+    """(exit code, stderr, peak RSS in kB) of ``python -m mpsearch -q argv`` in a child process
+    (-q: no progress bars on stderr)."""
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.Popen([sys.executable, "-m", "mpsearch", "-q", *argv], stdout=stdout,
+                                stderr=stderr, cwd=tmp_path, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, err.read_text(), int(usage.ru_maxrss)
+
+
+def _copy(name: str, tmp_path: Path) -> str:
+    source = HOSTILE / name
+    target = tmp_path / name
+    if source.is_dir():
+        shutil.copytree(source, target)
+    else:
+        shutil.copy(source, target)
+    return str(target)
+
+
+def _quantize(data: str, out: str, model: str = MODEL, profile: str = "x86_ort_auto"
+              ) -> list[str]:
+    return ["quantize", model, "--profile", profile, "--data", data, "--uniform", "int8",
+            "--out", out, "--calibration-samples", "8"]
+
+
+CASES = {
+    # name: (argv builder (tmp_path, out) -> argv, message the one line must contain)
+    "npz_bomb": (lambda t, o: _quantize(_copy("npz_bomb.npz", t), o),
+                 "member 'input.npy' expands 1238171x to 1280 MiB (limit 100x): a zip bomb"),
+    "npz_header_lie": (lambda t, o: _quantize(_copy("npz_header_lie.npz", t), o),
+                       "member 'input.npy' declares 17179869184 bytes but holds 228"),
+    "truncated_npz": (lambda t, o: _quantize(_copy("truncated.npz", t), o),
+                      "cannot read the archive (BadZipFile: File is not a zip file); the file "
+                      "is truncated or not an .npz"),
+    "constant_of_shape_bomb": (
+        lambda t, o: _quantize(DATA, o, model=_copy("constant_of_shape_bomb.onnx", t)),
+        "node 'ConstantOfShape_0' (ConstantOfShape) would compute a 4.0 GiB tensor from 8 "
+        "bytes of constants (limit 1 GiB)"),
+    "png_bomb": (lambda t, o: _quantize(_copy("png_bomb", t), o),
+                 "the image is 8000x8000 pixels (limit 40000000); a decompression bomb"),
+    "pil_bomb": (lambda t, o: _quantize(_copy("pil_bomb", t), o),
+                 "refused as a decompression bomb (Image size (900000000 pixels) exceeds limit"),
+    "non_utf8_spec": (lambda t, o: ["search", _copy("non_utf8_spec.yaml", t), "--out", o],
+                      "non_utf8_spec.yaml:4: byte 0xe9 is not UTF-8; save the file as UTF-8"),
+    "non_utf8_profile": (
+        lambda t, o: _quantize(DATA, o, profile=_copy("non_utf8_profile.yaml", t)),
+        "non_utf8_profile.yaml:4: byte 0xe9 is not UTF-8; save the file as UTF-8"),
+    "nan_in_eval_data": (lambda t, o: ["eval", MODEL, "--data", _copy("nan.npz", t)],
+                         "input 'input' holds NaN in batch 0 (sample 0); clean or drop that "
+                         "sample"),
+    "nan_in_calibration_data": (lambda t, o: _quantize(_copy("nan.npz", t), o),
+                                "input 'input' holds NaN in batch 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hostile_input_exits_2_with_one_line(case: str, tmp_path: Path) -> None:
+    build, message = CASES[case]
+    out = tmp_path / "out" / "result.onnx" if case != "non_utf8_spec" else tmp_path / "run"
+    code, err, peak_kb = _run(build(tmp_path, str(out)), tmp_path)
+    lines = err.splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("mpsearch: error: "), err
+    assert message in lines[0]
+    assert not out.exists() and not (tmp_path / "out").exists()
+    assert peak_kb < PEAK_LIMIT_KB, f"{case}: peak {peak_kb} kB"
+
+
+def test_internal_error_exits_3_with_one_line(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    def broken(path: str) -> None:
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr("mpsearch.cli._main.load_model", broken)
+    assert main(["summary", MODEL]) == 3
+    assert capsys.readouterr().err == (
+        "mpsearch: internal error: RuntimeError: boom; run with --debug for the traceback\n")
+    with pytest.raises(RuntimeError, match="boom"):
+        main(["--debug", "summary", MODEL])
+
+
+def test_corpus_is_what_the_script_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    spec = importlib.util.spec_from_file_location("build_hostile", HOSTILE / "build_hostile.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "HERE", tmp_path)
+    # Packing 1.25 GiB takes ~10 s: the bomb is checked by its zip directory instead.
+    monkeypatch.setattr(module, "npz_bomb", lambda path: shutil.copy(HOSTILE / path.name, path))
+    with zipfile.ZipFile(HOSTILE / "npz_bomb.npz") as archive:
+        (info,) = archive.infolist()
+    assert (info.filename, info.compress_type) == ("input.npy", zipfile.ZIP_BZIP2)
+    assert info.file_size == 128 + (1280 << 20) and info.compress_size < 4096
+    module.main()
+    built = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    committed = sorted(p.relative_to(HOSTILE) for p in HOSTILE.rglob("*")
+                       if p.is_file() and p.suffix != ".py" and "__pycache__" not in p.parts)
+    assert built == committed
+    for name in built:
+        assert (tmp_path / name).read_bytes() == (HOSTILE / name).read_bytes(), name
+    assert sum((HOSTILE / n).stat().st_size for n in committed) < 256 << 10
