@@ -139,9 +139,10 @@ def stored_inputs(spec: SearchSpec, run_dir: Path) -> dict[str, str] | None:
     if spec.storage is None and not (run_dir / "study.journal").is_file():
         return None
     storage = _storage(spec.storage, run_dir)
-    if name not in {s.study_name for s in optuna.get_all_study_summaries(storage)}:
+    try:
+        found = optuna.load_study(study_name=name, storage=storage).user_attrs.get("inputs")
+    except KeyError:  # no such study (yet: another worker may be creating it)
         return None
-    found = optuna.load_study(study_name=name, storage=storage).user_attrs.get("inputs")
     return dict(found) if isinstance(found, dict) else None
 
 
