@@ -340,8 +340,14 @@ def _shape_of(value: onnx.ValueInfoProto) -> tuple[Dim, ...] | None:
 
 
 def _fingerprint(model: onnx.ModelProto) -> str:
+    """sha256 of the graph, part by part: a model past protobuf's 2 GB limit is never
+    serialized whole (each initializer is; weights larger than 2 GB each are not supported)."""
     digest = hashlib.sha256()
-    digest.update(model.graph.SerializeToString(deterministic=True))
+    graph = model.graph
+    for part in (*graph.node, *graph.input, *graph.output, *graph.value_info,
+                 *graph.initializer, *graph.sparse_initializer):
+        data = part.SerializeToString(deterministic=True)
+        digest.update(len(data).to_bytes(8, "little") + data)
     return digest.hexdigest()[:16]
 
 
