@@ -56,11 +56,10 @@ from mpsearch.runtime import create_session, ort_version
 from mpsearch.search import (
     SearchResult,
     TrialRecord,
-    check_inputs,
+    check_resume,
     group_nodes,
     run_search,
     seed_assignments,
-    stored_inputs,
 )
 from mpsearch.spec import SearchSpec, load_spec
 from mpsearch.summary import ModelSummary, summarize
@@ -281,9 +280,7 @@ def search_run(
     prepared = prepare(spec, run, progress=progress)
     search_data, held_data = _splits(prepared, spec)
     inputs = _search_inputs(prepared, spec, search_data)
-    stored = stored_inputs(spec, run.path)
-    if stored is not None:  # before anything of the run directory is rewritten
-        check_inputs(stored, inputs, f"{run.path}: its search")
+    check_resume(spec, run.path, inputs, resume)  # before anything of the run dir is rewritten
     _write_inputs(run, spec, prepared, "search")
     measurer = _spec_measurer(prepared, spec, search_data, run, "search")
     try:

@@ -17,9 +17,9 @@ from mpsearch.search._seeds import (
 from mpsearch.search._storage import (
     SAMPLERS,
     check_inputs,
+    check_resume,
     make_sampler,
     open_study,
-    stored_inputs,
     study_progress,
 )
 from mpsearch.search._study import SearchResult, TrialRecord, run_search
@@ -32,6 +32,7 @@ __all__ = [
     "Seed",
     "TrialRecord",
     "check_inputs",
+    "check_resume",
     "compress",
     "group_costs",
     "group_nodes",
@@ -40,7 +41,6 @@ __all__ = [
     "neighbor",
     "open_study",
     "run_search",
-    "stored_inputs",
     "seed_assignments",
     "study_progress",
 ]

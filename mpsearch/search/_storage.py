@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError, ProgrammingError
 from mpsearch.errors import SearchError
 from mpsearch.spec import SearchSpec
 
-__all__ = ["SAMPLERS", "check_inputs", "make_sampler", "open_study", "stored_inputs",
+__all__ = ["SAMPLERS", "check_inputs", "check_resume", "make_sampler", "open_study",
            "study_progress"]
 
 logger = logging.getLogger(__name__)
@@ -132,18 +132,30 @@ def open_study(
     return study
 
 
-def stored_inputs(spec: SearchSpec, run_dir: Path) -> dict[str, str] | None:
-    """The inputs a run directory's (or a shared storage's) study was made from, or None when
-    there is no such study yet."""
-    name = spec.study or "mpsearch"
+def _existing(spec: SearchSpec, run_dir: Path) -> optuna.Study | None:
+    """The spec's study when it exists already (in the run directory or a shared storage)."""
     if spec.storage is None and not (run_dir / "study.journal").is_file():
         return None
-    storage = _storage(spec.storage, run_dir)
     try:
-        found = optuna.load_study(study_name=name, storage=storage).user_attrs.get("inputs")
+        return optuna.load_study(study_name=spec.study or "mpsearch",
+                                 storage=_storage(spec.storage, run_dir))
     except KeyError:  # no such study (yet: another worker may be creating it)
         return None
-    return dict(found) if isinstance(found, dict) else None
+
+
+def check_resume(spec: SearchSpec, run_dir: Path, inputs: Mapping[str, str],
+                 resume: bool) -> None:
+    """Before a search writes anything: a run directory that holds a study needs ``resume``,
+    and a study (resumed or shared) must have been made from the same ``inputs``."""
+    study = _existing(spec, run_dir)
+    if study is None:
+        return
+    if not resume and spec.storage is None:
+        raise SearchError(f"{run_dir}: a search already ran here; pass --resume to continue it "
+                          "or choose another --out directory")
+    stored = study.user_attrs.get("inputs")
+    if isinstance(stored, dict):
+        check_inputs(stored, inputs, f"{run_dir}: its search")
 
 
 def check_inputs(stored: Mapping[str, str], inputs: Mapping[str, str], where: str) -> None:
