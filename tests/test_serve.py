@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import zipfile
 from collections.abc import Iterator
@@ -25,6 +27,7 @@ from starlette.testclient import TestClient
 
 from mpsearch.progress import JsonlProgress, Progress
 from mpsearch.serve import ServeConfig, create_app
+from mpsearch.serve._access import Access
 from mpsearch.serve._progress import job_progress, pareto, read_journal
 
 JSON = {"accept": "application/json"}
@@ -75,9 +78,20 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return build_tiny(tmp_path_factory.mktemp("tiny"))
 
 
+TOKEN = "test-token-0123456789"
+SAME_ORIGIN = {"origin": "http://testserver"}
+
+
 def _client(workdir: Path, **options: Any) -> TestClient:
-    return TestClient(create_app(ServeConfig(workdir=workdir, poll_s=0.1, **options)),
-                      raise_server_exceptions=False)
+    """A client that opened the server's token address once (the token is in its cookie) and
+    sends the same-origin Origin header a browser sends with every POST."""
+    client = TestClient(create_app(ServeConfig(workdir=workdir, poll_s=0.1, token=TOKEN,
+                                               **options)),
+                        raise_server_exceptions=False, headers=SAME_ORIGIN)
+    opened = client.get(f"/?token={TOKEN}", follow_redirects=False)
+    assert opened.status_code == 303 and opened.headers["location"] == "/", opened.text
+    assert "HttpOnly; SameSite=Strict" in opened.headers["set-cookie"]
+    return client
 
 
 @pytest.fixture
@@ -288,6 +302,51 @@ def test_ids_in_addresses_are_checked(client: TestClient) -> None:
     assert refused.status_code == 403 and "cross-site" in refused.json()["error"]
 
 
+def test_cross_site_and_tokenless_requests_are_refused(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    app = create_app(ServeConfig(workdir=work, token=TOKEN,
+                                 allowed_hosts=("127.0.0.1", "localhost", "[::1]")))
+    post = {"url": "/models/bundled", "data": {"name": "demo.onnx"}}
+    with TestClient(app, base_url="http://[::1]:8765", raise_server_exceptions=False) as anon:
+        assert anon.get("/static/serve.js").status_code == 200  # no secret there
+        for url in ("/", "/jobs", "/api/jobs", "/jobs/0123456789abcdef/export?point=0"):
+            refused = anon.get(url, headers=JSON)
+            assert refused.status_code == 403, url
+            assert refused.json()["error"] == (
+                "missing or wrong access token; open the address with ?token=... that "
+                "`mpsearch serve` printed when it started")
+        wrong = anon.post(**post, headers={"origin": "http://[::1]:8765",
+                                           "x-mpsearch-token": "guess", **JSON})
+        assert wrong.status_code == 403 and "access token" in wrong.json()["error"]
+        anon.cookies.set(Access(TOKEN).cookie, TOKEN)  # a browser that opened the address
+        cases = {
+            "null": ({"origin": "null"}, "cross-site request from an opaque origin "
+                     "(Origin: null) refused; use the mpsearch page itself"),
+            "none": ({}, "cross-site check: the request has no Origin header; send it from the "
+                     "mpsearch page (API clients: add 'Origin: http://HOST:PORT')"),
+            "other": ({"origin": "http://evil.example"},
+                      "cross-site request from http://evil.example refused"),
+            "fetch": ({"origin": "http://[::1]:8765", "sec-fetch-site": "cross-site"},
+                      "cross-site request (Sec-Fetch-Site: cross-site) refused")}
+        for name, (headers, message) in cases.items():
+            for url in ("/models/bundled", "/jobs/0123456789abcdef/cancel",
+                        "/jobs/0123456789abcdef/resume", "/models/0123456789abcdef/jobs"):
+                refused = anon.post(url, data={"name": "demo.onnx"}, headers={**headers, **JSON})
+                assert refused.status_code == 403, (name, url)
+                assert refused.json()["error"] == message, (name, url)
+        rebound = anon.get("/", headers={"host": "attacker.example:8765", **JSON})
+        assert rebound.status_code == 400 and "unknown Host header" in rebound.json()["error"]
+        assert _left(work, "models") == [] and list((work / "runs").iterdir()) == []
+        same = {"origin": "http://[::1]:8765", "sec-fetch-site": "same-origin", **JSON}
+        assert anon.post(**post, headers=same).status_code == 201  # the page itself
+        assert anon.get("/api/jobs").status_code == 200
+    with TestClient(app, raise_server_exceptions=False,
+                    headers={"x-mpsearch-token": TOKEN, "host": "127.0.0.1:9"}) as api:
+        created = api.post(**post, headers={"origin": "http://127.0.0.1:9", **JSON})
+        assert created.status_code == 201, created.text  # a script with the token header
+    assert len(_left(work, "models")) == 2
+
+
 def test_internal_errors_are_messages(client: TestClient, monkeypatch: pytest.MonkeyPatch,
                                       tiny: tuple[Path, Path]) -> None:
     from mpsearch.serve import _store as _serve_store
@@ -425,32 +484,86 @@ def test_progress_is_read_as_data(tmp_path: Path) -> None:
     assert finished == 4 and pareto(points, higher=True) == [(0.8, 50.0), (0.9, 100.0)]
 
 
-def test_cli_serve_prints_its_loopback_address(tmp_path: Path) -> None:
+def _serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
+    """`mpsearch serve` in a subprocess (as the CLI runs it); its printed address."""
+    code = ("import argparse, sys; from mpsearch.cli._serve import add_serve_parser as a\n"
+            "p = argparse.ArgumentParser(); a(p.add_subparsers())\n"
+            "args = p.parse_args(sys.argv[1:]); sys.exit(args.func(args))")
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--port", "0", "--workdir",
+                             str(tmp_path / "w"), *args], stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline() if proc.stdout else ""
+    return proc, line
+
+
+def _open(opener: urllib.request.OpenerDirector, address: str) -> Any:
+    for _ in range(50):
+        try:
+            return opener.open(address, timeout=5)
+        except urllib.error.HTTPError:
+            raise
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"{address} did not answer")
+
+
+def test_cli_serve_prints_its_token_address_and_stops_on_sigterm(tmp_path: Path) -> None:
+    import http.cookiejar
+
     from mpsearch.cli._serve import add_serve_parser
 
     parser = argparse.ArgumentParser()
     add_serve_parser(parser.add_subparsers())
     args = parser.parse_args(["serve"])
     assert (args.host, args.port, args.func.__name__) == ("127.0.0.1", 8765, "handler")
-    code = ("import argparse, sys; from mpsearch.cli._serve import add_serve_parser as a\n"
-            "p = argparse.ArgumentParser(); a(p.add_subparsers())\n"
-            "args = p.parse_args(sys.argv[1:]); sys.exit(args.func(args))")
-    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--port", "0", "--workdir",
-                             str(tmp_path / "w")], stdout=subprocess.PIPE, text=True)
+    proc, line = _serve(tmp_path)
     try:
-        line = proc.stdout.readline() if proc.stdout else ""
         assert line.startswith("mpsearch serve: http://127.0.0.1:"), line
         address = line.split()[2]
-        for _ in range(50):
-            try:
-                with urllib.request.urlopen(address, timeout=5) as response:
-                    assert response.status == 200
-                    break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            raise AssertionError(f"{address} did not answer")
+        base, _, token = address.partition("/?token=")
+        assert len(token) == 32, address
+        bare = urllib.request.build_opener()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _open(bare, base + "/")
+        assert refused.value.code == 403
+        assert "missing or wrong access token" in refused.value.read().decode()
+        jar = http.cookiejar.CookieJar()
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        with _open(browser, address) as response:  # the token address, then the cookie
+            assert response.status == 200 and response.url == base + "/"
+        with _open(browser, base + "/jobs") as response:
+            assert response.status == 200
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert out.strip().splitlines()[-1] == "mpsearch serve: stopped"
     assert (tmp_path / "w" / "uploads").is_dir()
+
+
+def test_cli_serve_on_ipv6_loopback(tmp_path: Path) -> None:
+    import socket
+
+    try:
+        socket.socket(socket.AF_INET6).bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    proc, line = _serve(tmp_path, "--host", "::1")
+    try:
+        assert line.startswith("mpsearch serve: http://[::1]:"), line
+        address = line.split()[2]
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+        with _open(opener, address.replace("/?", "/jobs?")) as response:
+            assert response.status == 200 and response.url.endswith("]:" + address.split(
+                "]:")[1].split("/")[0] + "/jobs")
+        rebound = urllib.request.Request(address.replace("/?", "/jobs?"),
+                                         headers={"Host": "evil.example", **JSON})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _open(urllib.request.build_opener(), rebound)  # type: ignore[arg-type]
+        assert refused.value.code == 400
+        assert json.loads(refused.value.read())["error"].startswith(
+            "unknown Host header 'evil.example'; this server answers 127.0.0.1, localhost, "
+            "[::1] only")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0

@@ -26,9 +26,10 @@ if not Path(CHROMIUM).is_file() or shutil.which(CHROMIUM) is None:
 from test_serve import build_tiny  # noqa: E402  (tests/ is on sys.path under pytest)
 
 from mpsearch.cli._serve import bind  # noqa: E402
-from mpsearch.serve._app import ServeConfig, create_app  # noqa: E402
+from mpsearch.serve import LOOPBACK_HOSTS, ServeConfig, create_app  # noqa: E402
 
 JOB_TIMEOUT_MS = 240_000
+TOKEN = "browser-test-token"
 
 
 @pytest.fixture
@@ -37,7 +38,7 @@ def server(tmp_path: Path) -> Iterator[str]:
     import uvicorn
 
     app = create_app(ServeConfig(workdir=tmp_path / "work", max_running=2, poll_s=0.2,
-                                 allowed_hosts=("127.0.0.1", "localhost")))
+                                 allowed_hosts=LOOPBACK_HOSTS, token=TOKEN))
     sock = bind("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -103,7 +104,10 @@ def test_upload_analyze_search_export(server: str, tmp_path: Path) -> None:
             page.on("pageerror", lambda e: errors.append(str(e)))
 
             # the model: its summary appears at once
-            page.goto(server)
+            page.goto(server)  # without the token: refused
+            assert "missing or wrong access token" in (page.text_content("main") or "")
+            page.goto(f"{server}/?token={TOKEN}")  # the address `mpsearch serve` prints
+            assert page.url == f"{server}/"  # the token went to a cookie
             page.set_input_files("form[action='/models'] input[type=file]", model)
             page.click("form[action='/models'] button[type=submit]")
             page.wait_for_url("**/models/*")

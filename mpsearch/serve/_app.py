@@ -7,21 +7,24 @@ a model is uploaded, the profile's formats and op rules, the data and quantizati
 job progress and the results (the run's report with its charts, the Pareto front, each point's
 QDQ model and the job's ``spec.yaml`` to rerun it from the CLI).
 
-Safety: request bodies are capped (413 past ``max_upload_bytes``), uploads get generated names,
-every id in a URL is checked against ``[0-9a-f]{16}``, cross-site POSTs and (when configured)
-unknown Host headers are refused, pages may load nothing from other origins, and errors are
-one-line messages (a traceback only reaches the server log).
+Safety: every request needs the server's access token (``?token=`` once, then a cookie), every
+state-changing one a same-origin ``Origin`` (:mod:`mpsearch.serve._access`); unknown Host
+headers are refused when ``allowed_hosts`` is set; request bodies are capped (413 past
+``max_upload_bytes``), uploads get generated names, every id in a URL is checked against
+``[0-9a-f]{16}``, pages may load nothing from other origins, and errors are one-line messages
+(a traceback only reaches the server log).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -30,7 +33,6 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import (
     FileResponse,
@@ -44,6 +46,7 @@ from starlette.staticfiles import StaticFiles
 
 from mpsearch.errors import MpsearchError
 from mpsearch.serve import _pages as pages
+from mpsearch.serve._access import Access, new_token
 from mpsearch.serve._http import Guard, error_handlers, error_response, wants_json
 from mpsearch.serve._job_pages import job_page, model_page
 from mpsearch.serve._jobs import ACTIVE, Job, JobQueue
@@ -66,13 +69,15 @@ STATIC = Path(__file__).parent.parent / "static"
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServeConfig:
-    """How the server runs: where it stores everything and its limits."""
+    """How the server runs: where it stores everything, its limits and its access token
+    (a fresh random one unless given; None switches the token check off)."""
 
     workdir: Path
     max_upload_bytes: int = 256 * 1024 * 1024
     max_running: int = 1
     allowed_hosts: tuple[str, ...] | None = None
     poll_s: float = 0.25
+    token: str | None = field(default_factory=new_token)
 
 
 def bundled_files() -> tuple[dict[str, Path], dict[str, Path]]:
@@ -337,8 +342,9 @@ class _App:
     async def export(self, request: Request) -> Response:
         job = self.queue.get(request.path_params["id"])
         text = request.query_params.get("point", "")
-        if not text.isdigit():
-            raise UploadError(f"point must be a front point number, got '{text[:20]}'")
+        if not re.fullmatch(r"[0-9]{1,6}", text):
+            raise UploadError(f"point must be the number of a front point, such as 0; got "
+                              f"'{text[:20]}'")
         path = await run_in_threadpool(self.queue.export, job.id, int(text))
         model = self.store.get("models", job.model)
         stem = Path(model.name).stem or "model"
@@ -402,9 +408,7 @@ def create_app(config: ServeConfig) -> Starlette:
         Route("/api/profiles", checked(app.profiles_api)),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    middleware = [Middleware(Guard, max_bytes=config.max_upload_bytes)]
-    if config.allowed_hosts:
-        middleware.insert(0, Middleware(TrustedHostMiddleware,
-                                        allowed_hosts=list(config.allowed_hosts)))
+    access = Access(config.token, config.allowed_hosts or None)
+    middleware = [Middleware(Guard, max_bytes=config.max_upload_bytes, access=access)]
     return Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                      exception_handlers=error_handlers())
