@@ -271,6 +271,66 @@ def test_data_not_matching_the_model(client: TestClient, tiny: tuple[Path, Path]
     assert not list(tmp_path.rglob("escape.png"))
 
 
+def test_damaged_npz_is_a_user_error_and_npy_is_accepted(client: TestClient,
+                                                          tiny: tuple[Path, Path],
+                                                          tmp_path: Path) -> None:
+    model = _model(client, tiny[0])
+    damaged = _upload(client, f"/models/{model}/data", "broken.npz",
+                      b"PK\x03\x04" + bytes(200))  # a zip header, then nothing of a zip
+    assert damaged.status_code == 400
+    assert damaged.json()["error"] == ("broken.npz: cannot read the archive (File is not a zip "
+                                       "file); re-save it with numpy.savez")
+    good = io.BytesIO()
+    np.savez(good, input=np.zeros((4, 1, 8, 8), np.float32))
+    truncated = _upload(client, f"/models/{model}/data", "cut.npz", good.getvalue()[:-40])
+    assert truncated.status_code == 400
+    assert truncated.json()["error"].startswith("cut.npz: cannot read the archive (")
+    assert _left(tmp_path / "work", "data") == []
+    array = io.BytesIO()
+    np.save(array, np.load(tiny[1])["input"][:16])
+    npy = _upload(client, f"/models/{model}/data", "inputs.npy", array.getvalue())
+    assert npy.status_code == 201, npy.text
+    assert (npy.json()["name"], npy.json()["info"]["samples"]) == ("inputs.npy", 16)
+    folder = tmp_path / "work" / "uploads" / "data" / npy.json()["id"]
+    assert sorted(p.name for p in folder.iterdir()) == ["data.npz", "meta.json"]
+    assert list(np.load(folder / "data.npz").files) == ["input"]  # keyed by the model input
+
+
+def test_unknown_profile_keeps_a_valid_choice(client: TestClient, tiny: tuple[Path, Path]
+                                              ) -> None:
+    model = _model(client, tiny[0])
+    data = _data(client, model, tiny[1])
+    page = client.post(f"/models/{model}/jobs",
+                       data={**QUICK, "data": data, "profile": "shipped:nope"})
+    assert page.status_code == 400
+    assert ("profile &#x27;shipped:nope&#x27; is neither a shipped profile nor an upload; "
+            "pick one from the list") in page.text
+    assert 'name="profile" value="shipped:x86_ort"' in page.text
+    assert 'value="shipped:nope"' not in page.text
+    assert '<option value="shipped:x86_ort" selected>' in page.text
+
+
+def test_worker_runs_the_installed_package(tmp_path: Path) -> None:
+    """A folder holding another `mpsearch/` package (the server's current directory) cannot
+    stand in for the worker."""
+    from mpsearch.serve._jobs import worker_command
+
+    foreign = tmp_path / "cwd" / "mpsearch" / "serve"
+    foreign.mkdir(parents=True)
+    for folder in (foreign.parent, foreign):
+        (folder / "__init__.py").write_text("")
+    (foreign / "_worker.py").write_text("import sys\nprint('hijacked')\nsys.exit(42)\n")
+    hijack = [sys.executable, "-m", "mpsearch.serve._worker", "export", "x", "0", "y"]
+    old = subprocess.run(hijack, cwd=tmp_path / "cwd", capture_output=True, text=True,
+                         check=False)
+    assert (old.returncode, old.stdout.strip()) == (42, "hijacked")  # what -m would run
+    done = subprocess.run(worker_command("export", str(tmp_path / "nothing"), "0",
+                                         str(tmp_path / "out.onnx")),
+                          cwd=tmp_path / "cwd", capture_output=True, text=True, check=False)
+    assert "hijacked" not in done.stdout and done.returncode == 2, done.stderr[-2000:]
+    assert "mpsearch: error: " in done.stderr and "not a finished search run" in done.stderr
+
+
 def test_job_form_refuses_code_and_bad_values(client: TestClient, tiny: tuple[Path, Path],
                                               tmp_path: Path) -> None:
     model = _model(client, tiny[0])
@@ -448,8 +508,18 @@ def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
     session = ort.InferenceSession(download.content, providers=["CPUExecutionProvider"])
     out = session.run(None, {"input": np.zeros((2, 1, 8, 8), np.float32)})[0]
     assert out.shape == (2, 10)
-    bad = client.get(f"/jobs/{job}/export", params={"point": "99"}, headers=JSON)
-    assert bad.status_code == 400 and "the front has points" in bad.json()["error"]
+    count = len(json.loads((run_dir / "front.json").read_text())["points"])
+    assert json.loads((run_dir / "front.json").read_text())["objectives"] == ["metric", "size"]
+    started = time.monotonic()
+    for point, status_code, message in (
+            ("%C2%B2", 400, "point must be the number of a front point, such as 0; got '²'"),
+            ("-1", 400, "point must be the number of a front point, such as 0; got '-1'"),
+            ("99", 404, f"point 99 is not on this search's front, which has points 0 to "
+                        f"{count - 1}; pick one from the table")):
+        bad = client.get(f"/jobs/{job}/export?point={point}", headers=JSON)
+        assert (bad.status_code, bad.json()["error"]) == (status_code, message), point
+    assert time.monotonic() - started < 1.0  # refused before any worker starts
+    assert sorted(p.name for p in (run_dir / "exports").iterdir()) == ["point-0.onnx"]
 
 
 # -- progress parsing and the CLI --------------------------------------------------------------

@@ -164,8 +164,11 @@ class _App:
         query = request.query_params
         form = dict(form or {})
         profiles = self._profiles()
-        profile = form.get("profile") or query.get("profile") or next(
-            (v for v, _ in profiles if v == "shipped:x86_ort"), profiles[0][0])
+        known = {v for v, _ in profiles}
+        default = "shipped:x86_ort" if "shipped:x86_ort" in known else profiles[0][0]
+        profile = next((p for p in (form.get("profile"), query.get("profile")) if p in known),
+                       default)  # an unknown choice (the error says so) falls back
+        form["profile"] = profile
         try:
             card = await run_in_threadpool(self._card, profile)
         except MpsearchError as e:
