@@ -28,6 +28,7 @@ from starlette.testclient import TestClient
 from mpsearch.progress import JsonlProgress, Progress
 from mpsearch.serve import ServeConfig, create_app
 from mpsearch.serve._access import Access
+from mpsearch.serve._pages import bytes_text
 from mpsearch.serve._progress import job_progress, pareto, read_journal
 
 JSON = {"accept": "application/json"}
@@ -138,9 +139,21 @@ def test_bundled_model_shows_its_summary_profile_and_form(client: TestClient,
     index = client.get("/")
     assert index.status_code == 200 and "demo.onnx" in index.text
     assert "cdn" not in index.text.lower() and 'src="http' not in index.text
+    demo = index.text.index('id="open-demo">Open the demo model (demo.onnx)</button>')
+    assert demo < index.text.index('<details id="fixtures"><summary>Test fixtures')
+    assert '<span class="n">1</span>Open a model' in index.text
     page = client.post("/models/bundled", data={"name": "demo.onnx"})
     assert page.status_code == 200 and page.url.path.startswith("/models/")
     html = page.text
+    steps = [html.index(f'<span class="n">{n}</span>{title}') for n, title in (
+        (2, "Hardware profile"), (3, "Data for calibration and validation"),
+        (4, "Run a search"))]
+    assert steps == sorted(steps) and steps[-1] < html.index("Model summary")
+    assert '<section class="step next" id="step-job">' in html  # the demo's data is there
+    assert "Optional here: the data below is already selected in step 4." in html
+    for name in ("max_metric_drop", "sensitivity_samples", "analysis", "held_out"):
+        assert f'<small class="help" id="help-{name}">' in html, name
+    assert '<span class="tag">demo</span>' in client.get("/").text
     for expected in ("30,866", "Conv", "GlobalAveragePool", "Heaviest nodes", "FLOPs",
                      'data-profile="x86_ort"', "uint8 asym per-tensor", "Op rules",
                      'value="bundled:demo_data.npz"', 'id="run-search"', 'value="entropy"'):
@@ -154,6 +167,39 @@ def test_bundled_model_shows_its_summary_profile_and_form(client: TestClient,
                               headers=JSON)
         assert refused.status_code == 400 and "CLI-only" in refused.json()["error"]
     assert len(_left(tmp_path / "work", "data")) == 1
+
+
+def test_uploaded_model_steps_confirmation_and_job_names(client: TestClient,
+                                                         tiny: tuple[Path, Path]) -> None:
+    model = _model(client, tiny[0])
+    page = client.get(f"/models/{model}").text
+    assert '<section class="step next" id="step-data">' in page  # no data of its own yet
+    assert '<option value="" selected>upload data in step 3 first</option>' in page
+    refused = client.post(f"/models/{model}/jobs", data={**QUICK, "data": ""}, headers=JSON)
+    assert (refused.status_code, refused.json()["error"]) == (
+        400, "choose the data in step 3: upload an .npz, a .npy or a .zip of images the model "
+        "reads")
+    uploaded = client.post(f"/models/{model}/data",
+                           files={"file": ("mine.npz", tiny[1].read_bytes())},
+                           data={"profile": "shipped:x86_ort"})
+    assert uploaded.status_code == 200 and "uploaded=data" in str(uploaded.url)
+    assert ('<p class="ok" id="uploaded" role="status">Uploaded mine.npz: 128 samples, with '
+            "labels, checked against the model; it is selected in step 4.</p>") in uploaded.text
+    assert '<section class="step next" id="step-job">' in uploaded.text
+    data = str(uploaded.url).split("data=")[1].split("&")[0]
+    form = {**QUICK, "data": data, "kind": "analysis"}
+    created = client.get(f"/api/models/{model}").json()["created"]
+    titles = [client.post(f"/models/{model}/jobs", data=form, headers=JSON).json()["title"]
+              for _ in range(2)]
+    assert titles == [f"#{n} analysis of tiny.onnx (uploaded {created[11:16]} UTC) on x86_ort"
+                      for n in (1, 2)]
+    search = client.post(f"/models/{model}/jobs", data={**form, "kind": "search"},
+                         headers=JSON).json()
+    assert search["title"].startswith("#3 search of tiny.onnx") and \
+        search["title"].endswith("on x86_ort, 3 trials")
+    assert (search["profile"], search["model_name"]) == ("x86_ort", "tiny.onnx")
+    for job in (*client.get("/api/jobs").json()["jobs"],):
+        client.post(f"/jobs/{job['id']}/cancel", headers=JSON)
 
 
 def test_model_summary_json_and_profile_card(client: TestClient, tiny: tuple[Path, Path]
@@ -435,8 +481,25 @@ def test_queue_cancel_resume(tmp_path: Path, tiny: tuple[Path, Path]) -> None:
         assert status["job"]["state"] == "queued" and status["position"] == 1
         client.post(f"/jobs/{second}/cancel", headers=JSON)
         assert client.get(f"/api/jobs/{second}").json()["job"]["state"] == "cancelled"
+        deadline = time.monotonic() + 180
+        while (progress := client.get(f"/api/jobs/{first}").json()["progress"] or {}).get(
+                "trials_done", 0) < 2:  # a few trials finish
+            assert time.monotonic() < deadline, progress
+            time.sleep(0.2)
+        assert progress["stage"] == "search" and progress["message"] == (
+            "searching: each trial builds one configuration and measures it on the search "
+            "split")
         client.post(f"/jobs/{first}/cancel", headers=JSON)
         _wait(client, first, ("cancelled",), timeout=30)
+        points, finished = read_journal(tmp_path / "work" / "runs" / first / "study.journal")
+        assert finished >= 2 and points
+        page = client.get(f"/jobs/{first}").text  # what the cancelled search found
+        assert (f'<p id="partial-summary">{finished} of 500 trials finished before the job '
+                f"stopped; {len(pareto(points, True))} point(s) on the front so far.") in page
+        assert "metric (search split)" in page and 'id="partial-front"' in page
+        chart = json.loads(page.split('id="page-data">')[1].split("</script>")[0])["chart"]
+        assert chart["front"] == [list(p) for p in pareto(points, True)]
+        assert chart["y"] == "metric (search split)"
         resumed = client.post(f"/jobs/{first}/resume", headers=JSON).json()
         assert resumed["state"] == "queued" and resumed["resume"] is True
         _wait(client, first, ("running",))
@@ -495,6 +558,17 @@ def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
     assert "granularity: per_tensor" in client.get(f"/jobs/{job}/hw_profile.yaml").text
     page = client.get(f"/jobs/{job}").text
     assert 'id="front"' in page and 'iframe id="report"' in page and "--resume" in page
+    assert page.index('id="results"') < page.index('iframe id="report"')  # the front first
+    front = json.loads((run_dir / "front.json").read_text())
+    assert ('<p id="front-summary">3 of 3 trials finished (all runs of this job); '
+            f'{len(front["points"])} point(s) on the front.') in page
+    assert "accuracy (held-out split)</th><th>accuracy (search split)</th><th>weights</th>" \
+        "<th>file</th>" in page
+    assert f'<td class="weights">{bytes_text(front["points"][0]["size"])}</td>' in page
+    assert '<td class="file"><span class="muted">on export</span></td>' in page
+    chart = json.loads(page.split('id="page-data">')[1].split("</script>")[0])["chart"]
+    assert chart["y"] == "accuracy (held-out split)" and chart["front"] == [
+        [p["metric"], p["size"]] for p in front["points"]]
     report = client.get(f"/jobs/{job}/report")
     assert report.headers["content-type"].startswith("text/html") and "Plotly" in report.text
     assert write_report(run_dir).is_file()  # `mpsearch report` works on a served run
@@ -508,6 +582,8 @@ def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
     session = ort.InferenceSession(download.content, providers=["CPUExecutionProvider"])
     out = session.run(None, {"input": np.zeros((2, 1, 8, 8), np.float32)})[0]
     assert out.shape == (2, 10)
+    file_size = len(download.content)
+    assert f'<td class="file">{bytes_text(file_size)}</td>' in client.get(f"/jobs/{job}").text
     count = len(json.loads((run_dir / "front.json").read_text())["points"])
     assert json.loads((run_dir / "front.json").read_text())["objectives"] == ["metric", "size"]
     started = time.monotonic()

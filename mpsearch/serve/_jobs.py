@@ -66,6 +66,8 @@ class Job:
     kind: str
     title: str
     model: str
+    model_name: str = ""
+    profile: str = ""
     state: str = "queued"
     created: str = ""
     started: str | None = None
@@ -105,7 +107,8 @@ class JobQueue:
             for path in sorted(self.runs.glob("*/job.json")):
                 try:
                     doc = json.loads(path.read_text(encoding="utf-8"))
-                    job = Job(**{**doc, "commands": tuple(doc.get("commands", ()))})
+                    known = {k: v for k, v in doc.items() if k in Job.__dataclass_fields__}
+                    job = Job(**{**known, "commands": tuple(doc.get("commands", ()))})
                 except (OSError, ValueError, TypeError) as e:
                     logger.warning("skipping %s: %s", path, e)
                     continue

@@ -154,8 +154,10 @@ class Store:
         return upload_id, folder
 
     # -- models --------------------------------------------------------------------------
-    def add_model(self, src: BinaryIO, name: str | None) -> Upload:
-        """Store and load an ONNX model; its summary is saved beside it."""
+    def add_model(self, src: BinaryIO, name: str | None, bundled: str | None = None
+                  ) -> Upload:
+        """Store and load an ONNX model; its summary is saved beside it (``bundled``: which
+        kind of bundled model it is, "demo" or "test fixture")."""
         from mpsearch import load_model, summarize
 
         shown = display_name(name, "model.onnx")
@@ -166,7 +168,10 @@ class Store:
             summary = summarize(load_model(path)).to_dict()
             write_json(folder / "summary.json", summary)
         info = {"params": summary["params"], "flops": summary["flops"],
-                "nodes": len(summary["nodes"]), "graph": summary["model"]}
+                "nodes": len(summary["nodes"]), "graph": summary["model"],
+                "weight_bytes": summary["weight_bytes"], "file_bytes": path.stat().st_size}
+        if bundled:
+            info["bundled"] = bundled
         return self._commit("models", upload_id, shown, "model.onnx", info)
 
     def summary(self, model: Upload) -> dict[str, Any]:
@@ -214,7 +219,7 @@ class Store:
         return self._commit("data", upload_id, shown, target.name, info)
 
     def add_bundled(self, kind: str, source: Path, name: str,
-                    model: Upload | None = None) -> Upload:
+                    model: Upload | None = None, label: str = "bundled") -> Upload:
         """Copy a bundled model or data file in as if uploaded (checked the same way); bundled
         data already copied for ``model`` is reused."""
         if kind == "data" and model is not None:
@@ -223,7 +228,7 @@ class Store:
                     return upload
         with source.open("rb") as f:
             if kind == "models":
-                return self.add_model(f, name)
+                return self.add_model(f, name, bundled=label)
             if model is None:
                 raise UploadError("choose a model before its data")
             return self.add_data(f, name, model, bundled=True)
