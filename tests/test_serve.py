@@ -198,8 +198,21 @@ def test_uploaded_model_steps_confirmation_and_job_names(client: TestClient,
     assert search["title"].startswith("#3 search of tiny.onnx") and \
         search["title"].endswith("on x86_ort, 3 trials")
     assert (search["profile"], search["model_name"]) == ("x86_ort", "tiny.onnx")
-    for job in (*client.get("/api/jobs").json()["jobs"],):
+    jobs = client.get("/").text.split('id="jobs"')[1]
+    assert "<th>profile</th><th>trials</th>" in jobs and "<td>x86_ort</td><td>3</td>" in jobs
+    info = client.get(f"/api/models/{model}").json()["info"]
+    assert info["file_bytes"] == tiny[0].stat().st_size and info["weight_bytes"] == 4 * 426
+    assert (f"<td>{bytes_text(4 * 426)}</td><td>{bytes_text(tiny[0].stat().st_size)}</td>"
+            in client.get("/").text)  # both sizes of each model
+    for job in client.get("/api/jobs").json()["jobs"]:
         client.post(f"/jobs/{job['id']}/cancel", headers=JSON)
+
+
+def test_shapes_show_unnamed_dimensions_as_unknown() -> None:
+    from mpsearch.serve._pages import shape_text
+
+    assert shape_text(["batch", "unk__7", 10]) == "[batch, ?, 10]"
+    assert shape_text(None) == "?" and shape_text([1, 3]) == "[1, 3]"
 
 
 def test_model_summary_json_and_profile_card(client: TestClient, tiny: tuple[Path, Path]
