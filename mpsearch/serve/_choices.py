@@ -10,6 +10,7 @@ study journal, with the sizes of the files exported so far).
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -128,9 +129,9 @@ class Choices:
         front = read_json(run.front_json) if job.state == "done" else None
         if isinstance(front, dict):
             out["front"] = front
-            out["files"] = {int(p.stem.removeprefix("point-")): p.stat().st_size
+            out["files"] = {int(m.group(1)): p.stat().st_size
                             for p in (run.path / "exports").glob("point-*.onnx")
-                            if p.stem.removeprefix("point-").isdigit()}
+                            if (m := re.fullmatch(r"point-([0-9]{1,6})\.onnx", p.name))}
         elif finished:
             out["partial"] = {"trials_done": finished, "points": [list(p) for p in points],
                               "front": [list(p) for p in pareto(points, job.higher_is_better)]}
