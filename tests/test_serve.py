@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import zipfile
 from collections.abc import Iterator
@@ -25,6 +27,8 @@ from starlette.testclient import TestClient
 
 from mpsearch.progress import JsonlProgress, Progress
 from mpsearch.serve import ServeConfig, create_app
+from mpsearch.serve._access import Access
+from mpsearch.serve._pages import bytes_text
 from mpsearch.serve._progress import job_progress, pareto, read_journal
 
 JSON = {"accept": "application/json"}
@@ -75,9 +79,20 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return build_tiny(tmp_path_factory.mktemp("tiny"))
 
 
+TOKEN = "test-token-0123456789"
+SAME_ORIGIN = {"origin": "http://testserver"}
+
+
 def _client(workdir: Path, **options: Any) -> TestClient:
-    return TestClient(create_app(ServeConfig(workdir=workdir, poll_s=0.1, **options)),
-                      raise_server_exceptions=False)
+    """A client that opened the server's token address once (the token is in its cookie) and
+    sends the same-origin Origin header a browser sends with every POST."""
+    client = TestClient(create_app(ServeConfig(workdir=workdir, poll_s=0.1, token=TOKEN,
+                                               **options)),
+                        raise_server_exceptions=False, headers=SAME_ORIGIN)
+    opened = client.get(f"/?token={TOKEN}", follow_redirects=False)
+    assert opened.status_code == 303 and opened.headers["location"] == "/", opened.text
+    assert "HttpOnly; SameSite=Strict" in opened.headers["set-cookie"]
+    return client
 
 
 @pytest.fixture
@@ -124,9 +139,21 @@ def test_bundled_model_shows_its_summary_profile_and_form(client: TestClient,
     index = client.get("/")
     assert index.status_code == 200 and "demo.onnx" in index.text
     assert "cdn" not in index.text.lower() and 'src="http' not in index.text
+    demo = index.text.index('id="open-demo">Open the demo model (demo.onnx)</button>')
+    assert demo < index.text.index('<details id="fixtures"><summary>Test fixtures')
+    assert '<span class="n">1</span>Open a model' in index.text
     page = client.post("/models/bundled", data={"name": "demo.onnx"})
     assert page.status_code == 200 and page.url.path.startswith("/models/")
     html = page.text
+    steps = [html.index(f'<span class="n">{n}</span>{title}') for n, title in (
+        (2, "Hardware profile"), (3, "Data for calibration and validation"),
+        (4, "Run a search"))]
+    assert steps == sorted(steps) and steps[-1] < html.index("Model summary")
+    assert '<section class="step next" id="step-job">' in html  # the demo's data is there
+    assert "Optional here: the data below is already selected in step 4." in html
+    for name in ("max_metric_drop", "sensitivity_samples", "analysis", "held_out"):
+        assert f'<small class="help" id="help-{name}">' in html, name
+    assert '<span class="tag">demo</span>' in client.get("/").text
     for expected in ("30,866", "Conv", "GlobalAveragePool", "Heaviest nodes", "FLOPs",
                      'data-profile="x86_ort"', "uint8 asym per-tensor", "Op rules",
                      'value="bundled:demo_data.npz"', 'id="run-search"', 'value="entropy"'):
@@ -140,6 +167,52 @@ def test_bundled_model_shows_its_summary_profile_and_form(client: TestClient,
                               headers=JSON)
         assert refused.status_code == 400 and "CLI-only" in refused.json()["error"]
     assert len(_left(tmp_path / "work", "data")) == 1
+
+
+def test_uploaded_model_steps_confirmation_and_job_names(client: TestClient,
+                                                         tiny: tuple[Path, Path]) -> None:
+    model = _model(client, tiny[0])
+    page = client.get(f"/models/{model}").text
+    assert '<section class="step next" id="step-data">' in page  # no data of its own yet
+    assert '<option value="" selected>upload data in step 3 first</option>' in page
+    refused = client.post(f"/models/{model}/jobs", data={**QUICK, "data": ""}, headers=JSON)
+    assert (refused.status_code, refused.json()["error"]) == (
+        400, "choose the data in step 3: upload an .npz, a .npy or a .zip of images the model "
+        "reads")
+    uploaded = client.post(f"/models/{model}/data",
+                           files={"file": ("mine.npz", tiny[1].read_bytes())},
+                           data={"profile": "shipped:x86_ort"})
+    assert uploaded.status_code == 200 and "uploaded=data" in str(uploaded.url)
+    assert ('<p class="ok" id="uploaded" role="status">Uploaded mine.npz: 128 samples, with '
+            "labels, checked against the model; it is selected in step 4.</p>") in uploaded.text
+    assert '<section class="step next" id="step-job">' in uploaded.text
+    data = str(uploaded.url).split("data=")[1].split("&")[0]
+    form = {**QUICK, "data": data, "kind": "analysis"}
+    created = client.get(f"/api/models/{model}").json()["created"]
+    titles = [client.post(f"/models/{model}/jobs", data=form, headers=JSON).json()["title"]
+              for _ in range(2)]
+    assert titles == [f"#{n} analysis of tiny.onnx (uploaded {created[11:16]} UTC) on x86_ort"
+                      for n in (1, 2)]
+    search = client.post(f"/models/{model}/jobs", data={**form, "kind": "search"},
+                         headers=JSON).json()
+    assert search["title"].startswith("#3 search of tiny.onnx") and \
+        search["title"].endswith("on x86_ort, 3 trials")
+    assert (search["profile"], search["model_name"]) == ("x86_ort", "tiny.onnx")
+    jobs = client.get("/").text.split('id="jobs"')[1]
+    assert "<th>profile</th><th>trials</th>" in jobs and "<td>x86_ort</td><td>3</td>" in jobs
+    info = client.get(f"/api/models/{model}").json()["info"]
+    assert info["file_bytes"] == tiny[0].stat().st_size and info["weight_bytes"] == 4 * 426
+    assert (f"<td>{bytes_text(4 * 426)}</td><td>{bytes_text(tiny[0].stat().st_size)}</td>"
+            in client.get("/").text)  # both sizes of each model
+    for job in client.get("/api/jobs").json()["jobs"]:
+        client.post(f"/jobs/{job['id']}/cancel", headers=JSON)
+
+
+def test_shapes_show_unnamed_dimensions_as_unknown() -> None:
+    from mpsearch.serve._pages import shape_text
+
+    assert shape_text(["batch", "unk__7", 10]) == "[batch, ?, 10]"
+    assert shape_text(None) == "?" and shape_text([1, 3]) == "[1, 3]"
 
 
 def test_model_summary_json_and_profile_card(client: TestClient, tiny: tuple[Path, Path]
@@ -257,6 +330,66 @@ def test_data_not_matching_the_model(client: TestClient, tiny: tuple[Path, Path]
     assert not list(tmp_path.rglob("escape.png"))
 
 
+def test_damaged_npz_is_a_user_error_and_npy_is_accepted(client: TestClient,
+                                                          tiny: tuple[Path, Path],
+                                                          tmp_path: Path) -> None:
+    model = _model(client, tiny[0])
+    damaged = _upload(client, f"/models/{model}/data", "broken.npz",
+                      b"PK\x03\x04" + bytes(200))  # a zip header, then nothing of a zip
+    assert damaged.status_code == 400
+    assert damaged.json()["error"] == ("broken.npz: cannot read the archive (File is not a zip "
+                                       "file); re-save it with numpy.savez")
+    good = io.BytesIO()
+    np.savez(good, input=np.zeros((4, 1, 8, 8), np.float32))
+    truncated = _upload(client, f"/models/{model}/data", "cut.npz", good.getvalue()[:-40])
+    assert truncated.status_code == 400
+    assert truncated.json()["error"].startswith("cut.npz: cannot read the archive (")
+    assert _left(tmp_path / "work", "data") == []
+    array = io.BytesIO()
+    np.save(array, np.load(tiny[1])["input"][:16])
+    npy = _upload(client, f"/models/{model}/data", "inputs.npy", array.getvalue())
+    assert npy.status_code == 201, npy.text
+    assert (npy.json()["name"], npy.json()["info"]["samples"]) == ("inputs.npy", 16)
+    folder = tmp_path / "work" / "uploads" / "data" / npy.json()["id"]
+    assert sorted(p.name for p in folder.iterdir()) == ["data.npz", "meta.json"]
+    assert list(np.load(folder / "data.npz").files) == ["input"]  # keyed by the model input
+
+
+def test_unknown_profile_keeps_a_valid_choice(client: TestClient, tiny: tuple[Path, Path]
+                                              ) -> None:
+    model = _model(client, tiny[0])
+    data = _data(client, model, tiny[1])
+    page = client.post(f"/models/{model}/jobs",
+                       data={**QUICK, "data": data, "profile": "shipped:nope"})
+    assert page.status_code == 400
+    assert ("profile &#x27;shipped:nope&#x27; is neither a shipped profile nor an upload; "
+            "pick one from the list") in page.text
+    assert 'name="profile" value="shipped:x86_ort"' in page.text
+    assert 'value="shipped:nope"' not in page.text
+    assert '<option value="shipped:x86_ort" selected>' in page.text
+
+
+def test_worker_runs_the_installed_package(tmp_path: Path) -> None:
+    """A folder holding another `mpsearch/` package (the server's current directory) cannot
+    stand in for the worker."""
+    from mpsearch.serve._jobs import worker_command
+
+    foreign = tmp_path / "cwd" / "mpsearch" / "serve"
+    foreign.mkdir(parents=True)
+    for folder in (foreign.parent, foreign):
+        (folder / "__init__.py").write_text("")
+    (foreign / "_worker.py").write_text("import sys\nprint('hijacked')\nsys.exit(42)\n")
+    hijack = [sys.executable, "-m", "mpsearch.serve._worker", "export", "x", "0", "y"]
+    old = subprocess.run(hijack, cwd=tmp_path / "cwd", capture_output=True, text=True,
+                         check=False)
+    assert (old.returncode, old.stdout.strip()) == (42, "hijacked")  # what -m would run
+    done = subprocess.run(worker_command("export", str(tmp_path / "nothing"), "0",
+                                         str(tmp_path / "out.onnx")),
+                          cwd=tmp_path / "cwd", capture_output=True, text=True, check=False)
+    assert "hijacked" not in done.stdout and done.returncode == 2, done.stderr[-2000:]
+    assert "mpsearch: error: " in done.stderr and "not a finished search run" in done.stderr
+
+
 def test_job_form_refuses_code_and_bad_values(client: TestClient, tiny: tuple[Path, Path],
                                               tmp_path: Path) -> None:
     model = _model(client, tiny[0])
@@ -288,6 +421,51 @@ def test_ids_in_addresses_are_checked(client: TestClient) -> None:
     assert refused.status_code == 403 and "cross-site" in refused.json()["error"]
 
 
+def test_cross_site_and_tokenless_requests_are_refused(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    app = create_app(ServeConfig(workdir=work, token=TOKEN,
+                                 allowed_hosts=("127.0.0.1", "localhost", "[::1]")))
+    post = {"url": "/models/bundled", "data": {"name": "demo.onnx"}}
+    with TestClient(app, base_url="http://[::1]:8765", raise_server_exceptions=False) as anon:
+        assert anon.get("/static/serve.js").status_code == 200  # no secret there
+        for url in ("/", "/jobs", "/api/jobs", "/jobs/0123456789abcdef/export?point=0"):
+            refused = anon.get(url, headers=JSON)
+            assert refused.status_code == 403, url
+            assert refused.json()["error"] == (
+                "missing or wrong access token; open the address with ?token=... that "
+                "`mpsearch serve` printed when it started")
+        wrong = anon.post(**post, headers={"origin": "http://[::1]:8765",
+                                           "x-mpsearch-token": "guess", **JSON})
+        assert wrong.status_code == 403 and "access token" in wrong.json()["error"]
+        anon.cookies.set(Access(TOKEN).cookie, TOKEN)  # a browser that opened the address
+        cases = {
+            "null": ({"origin": "null"}, "cross-site request from an opaque origin "
+                     "(Origin: null) refused; use the mpsearch page itself"),
+            "none": ({}, "cross-site check: the request has no Origin header; send it from the "
+                     "mpsearch page (API clients: add 'Origin: http://HOST:PORT')"),
+            "other": ({"origin": "http://evil.example"},
+                      "cross-site request from http://evil.example refused"),
+            "fetch": ({"origin": "http://[::1]:8765", "sec-fetch-site": "cross-site"},
+                      "cross-site request (Sec-Fetch-Site: cross-site) refused")}
+        for name, (headers, message) in cases.items():
+            for url in ("/models/bundled", "/jobs/0123456789abcdef/cancel",
+                        "/jobs/0123456789abcdef/resume", "/models/0123456789abcdef/jobs"):
+                refused = anon.post(url, data={"name": "demo.onnx"}, headers={**headers, **JSON})
+                assert refused.status_code == 403, (name, url)
+                assert refused.json()["error"] == message, (name, url)
+        rebound = anon.get("/", headers={"host": "attacker.example:8765", **JSON})
+        assert rebound.status_code == 400 and "unknown Host header" in rebound.json()["error"]
+        assert _left(work, "models") == [] and list((work / "runs").iterdir()) == []
+        same = {"origin": "http://[::1]:8765", "sec-fetch-site": "same-origin", **JSON}
+        assert anon.post(**post, headers=same).status_code == 201  # the page itself
+        assert anon.get("/api/jobs").status_code == 200
+    with TestClient(app, raise_server_exceptions=False,
+                    headers={"x-mpsearch-token": TOKEN, "host": "127.0.0.1:9"}) as api:
+        created = api.post(**post, headers={"origin": "http://127.0.0.1:9", **JSON})
+        assert created.status_code == 201, created.text  # a script with the token header
+    assert len(_left(work, "models")) == 2
+
+
 def test_internal_errors_are_messages(client: TestClient, monkeypatch: pytest.MonkeyPatch,
                                       tiny: tuple[Path, Path]) -> None:
     from mpsearch.serve import _store as _serve_store
@@ -316,8 +494,25 @@ def test_queue_cancel_resume(tmp_path: Path, tiny: tuple[Path, Path]) -> None:
         assert status["job"]["state"] == "queued" and status["position"] == 1
         client.post(f"/jobs/{second}/cancel", headers=JSON)
         assert client.get(f"/api/jobs/{second}").json()["job"]["state"] == "cancelled"
+        deadline = time.monotonic() + 180
+        while (progress := client.get(f"/api/jobs/{first}").json()["progress"] or {}).get(
+                "trials_done", 0) < 2:  # a few trials finish
+            assert time.monotonic() < deadline, progress
+            time.sleep(0.2)
+        assert progress["stage"] == "search" and progress["message"] == (
+            "searching: each trial builds one configuration and measures it on the search "
+            "split")
         client.post(f"/jobs/{first}/cancel", headers=JSON)
         _wait(client, first, ("cancelled",), timeout=30)
+        points, finished = read_journal(tmp_path / "work" / "runs" / first / "study.journal")
+        assert finished >= 2 and points
+        page = client.get(f"/jobs/{first}").text  # what the cancelled search found
+        assert (f'<p id="partial-summary">{finished} of 500 trials finished before the job '
+                f"stopped; {len(pareto(points, True))} point(s) on the front so far.") in page
+        assert "metric (search split)" in page and 'id="partial-front"' in page
+        chart = json.loads(page.split('id="page-data">')[1].split("</script>")[0])["chart"]
+        assert chart["front"] == [list(p) for p in pareto(points, True)]
+        assert chart["y"] == "metric (search split)"
         resumed = client.post(f"/jobs/{first}/resume", headers=JSON).json()
         assert resumed["state"] == "queued" and resumed["resume"] is True
         _wait(client, first, ("running",))
@@ -376,6 +571,17 @@ def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
     assert "granularity: per_tensor" in client.get(f"/jobs/{job}/hw_profile.yaml").text
     page = client.get(f"/jobs/{job}").text
     assert 'id="front"' in page and 'iframe id="report"' in page and "--resume" in page
+    assert page.index('id="results"') < page.index('iframe id="report"')  # the front first
+    front = json.loads((run_dir / "front.json").read_text())
+    assert ('<p id="front-summary">3 of 3 trials finished (all runs of this job); '
+            f'{len(front["points"])} point(s) on the front.') in page
+    assert "accuracy (held-out split)</th><th>accuracy (search split)</th><th>weights</th>" \
+        "<th>file</th>" in page
+    assert f'<td class="weights">{bytes_text(front["points"][0]["size"])}</td>' in page
+    assert '<td class="file"><span class="muted">on export</span></td>' in page
+    chart = json.loads(page.split('id="page-data">')[1].split("</script>")[0])["chart"]
+    assert chart["y"] == "accuracy (held-out split)" and chart["front"] == [
+        [p["metric"], p["size"]] for p in front["points"]]
     report = client.get(f"/jobs/{job}/report")
     assert report.headers["content-type"].startswith("text/html") and "Plotly" in report.text
     assert write_report(run_dir).is_file()  # `mpsearch report` works on a served run
@@ -389,8 +595,20 @@ def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
     session = ort.InferenceSession(download.content, providers=["CPUExecutionProvider"])
     out = session.run(None, {"input": np.zeros((2, 1, 8, 8), np.float32)})[0]
     assert out.shape == (2, 10)
-    bad = client.get(f"/jobs/{job}/export", params={"point": "99"}, headers=JSON)
-    assert bad.status_code == 400 and "the front has points" in bad.json()["error"]
+    file_size = len(download.content)
+    assert f'<td class="file">{bytes_text(file_size)}</td>' in client.get(f"/jobs/{job}").text
+    count = len(json.loads((run_dir / "front.json").read_text())["points"])
+    assert json.loads((run_dir / "front.json").read_text())["objectives"] == ["metric", "size"]
+    started = time.monotonic()
+    for point, status_code, message in (
+            ("%C2%B2", 400, "point must be the number of a front point, such as 0; got '²'"),
+            ("-1", 400, "point must be the number of a front point, such as 0; got '-1'"),
+            ("99", 404, f"point 99 is not on this search's front, which has points 0 to "
+                        f"{count - 1}; pick one from the table")):
+        bad = client.get(f"/jobs/{job}/export?point={point}", headers=JSON)
+        assert (bad.status_code, bad.json()["error"]) == (status_code, message), point
+    assert time.monotonic() - started < 1.0  # refused before any worker starts
+    assert sorted(p.name for p in (run_dir / "exports").iterdir()) == ["point-0.onnx"]
 
 
 # -- progress parsing and the CLI --------------------------------------------------------------
@@ -425,32 +643,86 @@ def test_progress_is_read_as_data(tmp_path: Path) -> None:
     assert finished == 4 and pareto(points, higher=True) == [(0.8, 50.0), (0.9, 100.0)]
 
 
-def test_cli_serve_prints_its_loopback_address(tmp_path: Path) -> None:
+def _serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
+    """`mpsearch serve` in a subprocess (as the CLI runs it); its printed address."""
+    code = ("import argparse, sys; from mpsearch.cli._serve import add_serve_parser as a\n"
+            "p = argparse.ArgumentParser(); a(p.add_subparsers())\n"
+            "args = p.parse_args(sys.argv[1:]); sys.exit(args.func(args))")
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--port", "0", "--workdir",
+                             str(tmp_path / "w"), *args], stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline() if proc.stdout else ""
+    return proc, line
+
+
+def _open(opener: urllib.request.OpenerDirector, address: str) -> Any:
+    for _ in range(50):
+        try:
+            return opener.open(address, timeout=5)
+        except urllib.error.HTTPError:
+            raise
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"{address} did not answer")
+
+
+def test_cli_serve_prints_its_token_address_and_stops_on_sigterm(tmp_path: Path) -> None:
+    import http.cookiejar
+
     from mpsearch.cli._serve import add_serve_parser
 
     parser = argparse.ArgumentParser()
     add_serve_parser(parser.add_subparsers())
     args = parser.parse_args(["serve"])
     assert (args.host, args.port, args.func.__name__) == ("127.0.0.1", 8765, "handler")
-    code = ("import argparse, sys; from mpsearch.cli._serve import add_serve_parser as a\n"
-            "p = argparse.ArgumentParser(); a(p.add_subparsers())\n"
-            "args = p.parse_args(sys.argv[1:]); sys.exit(args.func(args))")
-    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--port", "0", "--workdir",
-                             str(tmp_path / "w")], stdout=subprocess.PIPE, text=True)
+    proc, line = _serve(tmp_path)
     try:
-        line = proc.stdout.readline() if proc.stdout else ""
         assert line.startswith("mpsearch serve: http://127.0.0.1:"), line
         address = line.split()[2]
-        for _ in range(50):
-            try:
-                with urllib.request.urlopen(address, timeout=5) as response:
-                    assert response.status == 200
-                    break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            raise AssertionError(f"{address} did not answer")
+        base, _, token = address.partition("/?token=")
+        assert len(token) == 32, address
+        bare = urllib.request.build_opener()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _open(bare, base + "/")
+        assert refused.value.code == 403
+        assert "missing or wrong access token" in refused.value.read().decode()
+        jar = http.cookiejar.CookieJar()
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        with _open(browser, address) as response:  # the token address, then the cookie
+            assert response.status == 200 and response.url == base + "/"
+        with _open(browser, base + "/jobs") as response:
+            assert response.status == 200
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert out.strip().splitlines()[-1] == "mpsearch serve: stopped"
     assert (tmp_path / "w" / "uploads").is_dir()
+
+
+def test_cli_serve_on_ipv6_loopback(tmp_path: Path) -> None:
+    import socket
+
+    try:
+        socket.socket(socket.AF_INET6).bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    proc, line = _serve(tmp_path, "--host", "::1")
+    try:
+        assert line.startswith("mpsearch serve: http://[::1]:"), line
+        address = line.split()[2]
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+        with _open(opener, address.replace("/?", "/jobs?")) as response:
+            assert response.status == 200 and response.url.endswith("]:" + address.split(
+                "]:")[1].split("/")[0] + "/jobs")
+        rebound = urllib.request.Request(address.replace("/?", "/jobs?"),
+                                         headers={"Host": "evil.example", **JSON})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _open(urllib.request.build_opener(), rebound)  # type: ignore[arg-type]
+        assert refused.value.code == 400
+        assert json.loads(refused.value.read())["error"].startswith(
+            "unknown Host header 'evil.example'; this server answers 127.0.0.1, localhost, "
+            "[::1] only")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0

@@ -26,9 +26,10 @@ if not Path(CHROMIUM).is_file() or shutil.which(CHROMIUM) is None:
 from test_serve import build_tiny  # noqa: E402  (tests/ is on sys.path under pytest)
 
 from mpsearch.cli._serve import bind  # noqa: E402
-from mpsearch.serve._app import ServeConfig, create_app  # noqa: E402
+from mpsearch.serve import LOOPBACK_HOSTS, ServeConfig, create_app  # noqa: E402
 
 JOB_TIMEOUT_MS = 240_000
+TOKEN = "browser-test-token"
 
 
 @pytest.fixture
@@ -37,7 +38,7 @@ def server(tmp_path: Path) -> Iterator[str]:
     import uvicorn
 
     app = create_app(ServeConfig(workdir=tmp_path / "work", max_running=2, poll_s=0.2,
-                                 allowed_hosts=("127.0.0.1", "localhost")))
+                                 allowed_hosts=LOOPBACK_HOSTS, token=TOKEN))
     sock = bind("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -103,7 +104,10 @@ def test_upload_analyze_search_export(server: str, tmp_path: Path) -> None:
             page.on("pageerror", lambda e: errors.append(str(e)))
 
             # the model: its summary appears at once
-            page.goto(server)
+            page.goto(server)  # without the token: refused
+            assert "missing or wrong access token" in (page.text_content("main") or "")
+            page.goto(f"{server}/?token={TOKEN}")  # the address `mpsearch serve` prints
+            assert page.url == f"{server}/"  # the token went to a cookie
             page.set_input_files("form[action='/models'] input[type=file]", model)
             page.click("form[action='/models'] button[type=submit]")
             page.wait_for_url("**/models/*")
@@ -171,3 +175,124 @@ def test_upload_analyze_search_export(server: str, tmp_path: Path) -> None:
     assert (spec.trials, spec.method, Path(spec.model).is_file()) == (3, "percentile", True)
     assert outside == [], f"requests left the server: {outside[:5]}"
     assert errors == [], errors
+
+
+# -- the whole path as a newcomer walks it ------------------------------------------------------
+def _shot(page: playwright_api.Page, folder: Path, name: str, *, full: bool = False) -> None:
+    """A screenshot in ``folder`` (the test's tmp_path), copied to $MPSEARCH_TEST_ARTIFACTS
+    when set (CI keeps that folder)."""
+    import os
+
+    path = folder / "screenshots" / name
+    path.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(path), full_page=full)
+    artifacts = os.environ.get("MPSEARCH_TEST_ARTIFACTS")
+    if artifacts:
+        Path(artifacts).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(artifacts) / name)
+
+
+def test_newcomer_path_demo_to_exported_model(server: str, tmp_path: Path) -> None:
+    """Open the printed token address, take the bundled demo, keep the suggested profile,
+    upload the demo's data, run a small search, read the front, download a point, run it."""
+    import onnxruntime as ort
+
+    from mpsearch.pipeline import prepare
+    from mpsearch.rundir import RunDir
+    from mpsearch.spec import load_spec
+
+    errors: list[str] = []
+    with playwright_api.sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
+            args=ARGS, accept_downloads=True, viewport={"width": 1100, "height": 820})
+        try:
+            context.set_default_timeout(120_000)
+            page = context.new_page()
+            page.on("pageerror", lambda e: errors.append(str(e)))
+
+            # 1: the start page puts the demo first, marked as the demo
+            page.goto(f"{server}/?token={TOKEN}")
+            assert page.url == f"{server}/"
+            demo = page.locator("#open-demo")
+            assert demo.text_content() == "Open the demo model (demo.onnx)"
+            assert page.locator("#fixtures").get_attribute("open") is None  # folded below
+            _shot(page, tmp_path, "01-start.png")
+            demo.click()
+            page.wait_for_url("**/models/*")
+            assert page.text_content("#next-link") == "Next: 4, run a search"
+
+            # 2: the profile x86_ort is suggested; its formats are shown
+            assert page.locator("#profile-select option:checked").text_content() == "x86_ort"
+            page.wait_for_selector(".profile-card[data-profile='x86_ort']")
+            assert page.get_attribute("#step-job", "class") == "step next"
+            _shot(page, tmp_path, "02-model.png")
+
+            # 3: data: the demo's data is preselected; uploading it anyway is confirmed
+            data = Path(__file__).parents[1] / "mpsearch" / "demo" / "demo_data.npz"
+            page.set_input_files("#step-data input[type=file]", data)
+            page.click("#step-data button[type=submit]")
+            page.wait_for_selector("#uploaded")
+            assert page.text_content("#uploaded") == (
+                "Uploaded demo_data.npz: 450 samples, with labels, checked against the model; "
+                "it is selected in step 4.")
+            assert "450 samples, labels" in (page.text_content("#data option:checked") or "")
+
+            # 4: a small search
+            page.fill("#trials", "4")
+            page.fill("#calibration", "64")
+            page.fill("#sensitivity_samples", "32")
+            page.select_option("#analysis", "off")
+            page.click("#run-search")
+            page.wait_for_url("**/jobs/*")
+            job_url = page.url
+            assert page.url.split("/jobs/")[0] == server
+            title = page.text_content("h1") or ""
+            assert title.startswith("#1 search of demo.onnx (uploaded ") and \
+                title.endswith(" on x86_ort, 4 trials"), title
+            page.wait_for_function("document.getElementById('progress-text').textContent "
+                                   "!== 'waiting\u2026'", timeout=60_000)
+            _shot(page, tmp_path, "03-running.png")
+
+            # the results: the front first, with its chart, both sizes and the split named
+            page.wait_for_selector("#front", timeout=JOB_TIMEOUT_MS)
+            assert (page.text_content("#job-state") or "").startswith("done")
+            headers = page.locator("#front thead th").all_text_contents()
+            assert headers[2:6] == ["accuracy (held-out split)", "accuracy (search split)",
+                                    "weights", "file"]
+            page.wait_for_selector("#results-chart-svg")
+            assert "held-out split" in (page.text_content("#results-chart .y-label") or "")
+            results_y = page.locator("#results").bounding_box()
+            report_y = page.locator("iframe#report").bounding_box()
+            assert results_y is not None and report_y is not None
+            assert results_y["y"] < report_y["y"]  # the front above the report
+            page.locator("#results").scroll_into_view_if_needed()
+            _shot(page, tmp_path, "04-results.png")
+
+            # download point 0, the page then shows its file size
+            page.check("#point-0")
+            with page.expect_download(timeout=120_000) as download:
+                page.click("#export-button")
+            exported = tmp_path / "point0.onnx"
+            download.value.save_as(exported)
+            assert download.value.suggested_filename == "demo-point0.onnx"
+            page.goto(job_url)
+            shown_file = page.text_content("#front tbody tr:first-child td.file") or ""
+            metric_text = page.text_content("#front tbody tr:first-child td.metric") or ""
+        finally:
+            context.close()
+    assert errors == [], errors
+
+    # the downloaded model runs in ONNX Runtime and scores the front's held-out accuracy
+    run_dir = tmp_path / "work" / "runs" / job_url.rsplit("/", 1)[1]
+    spec = load_spec(run_dir / "spec.yaml")
+    validation = prepare(spec, RunDir(run_dir)).validation
+    held = validation.split(1.0 - spec.held_out, spec.data_seed)[1]
+    session = ort.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
+    logits = session.run(None, {"input": held.inputs["input"]})[0]
+    assert held.labels is not None and logits.shape == (len(held), 10)
+    accuracy = float(np.mean(np.argmax(logits, axis=1) == held.labels))
+    assert f"{accuracy:.4f}" == metric_text
+    from mpsearch.serve._pages import bytes_text
+
+    assert shown_file == bytes_text(exported.stat().st_size)

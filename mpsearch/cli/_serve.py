@@ -1,12 +1,14 @@
 """``mpsearch serve [--host H] [--port P] [--workdir DIR]``: the local web interface.
 
 Thin CLI over :func:`mpsearch.serve.create_app`: binds the socket (loopback unless told
-otherwise), prints the address and runs uvicorn until Ctrl-C.
+otherwise), prints the address with this start's access token (``?token=``, as Jupyter does)
+and runs uvicorn until Ctrl-C or SIGTERM, then prints "stopped" and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,15 @@ from mpsearch.errors import MpsearchError
 
 __all__ = ["LOOPBACK", "add_serve_parser", "bind", "handler"]
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: uvicorn has shut down and re-raises the signal; stop cleanly."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated
 
 
 def add_serve_parser(subparsers: Any) -> None:
@@ -58,31 +68,33 @@ def bind(host: str, port: int) -> socket.socket:
 def handler(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from mpsearch.serve import ServeConfig, create_app
+    from mpsearch.serve import LOOPBACK_HOSTS, ServeConfig, create_app
 
     if args.max_upload_mb <= 0 or args.jobs < 1:
         raise MpsearchError("--max-upload-mb must be positive and --jobs at least 1")
     workdir = Path(args.workdir).resolve()
+    host = args.host.strip("[]")
     loopback = args.host in LOOPBACK
     config = ServeConfig(workdir=workdir, max_upload_bytes=int(args.max_upload_mb * 1e6),
                          max_running=args.jobs,
-                         allowed_hosts=("127.0.0.1", "localhost") if args.host != "::1"
-                         and loopback else None)
-    sock = bind(args.host, args.port)
+                         allowed_hosts=LOOPBACK_HOSTS if loopback else None)
+    sock = bind(host, args.port)
     port = sock.getsockname()[1]
-    shown = f"[{args.host}]" if ":" in args.host else args.host
+    shown = f"[{host}]" if ":" in host else host
     server = uvicorn.Server(uvicorn.Config(create_app(config), log_level="warning",
                                            lifespan="on"))
-    print(f"mpsearch serve: http://{shown}:{port}/  (work directory {workdir}; Ctrl-C stops)",
-          flush=True)
+    print(f"mpsearch serve: http://{shown}:{port}/?token={config.token}  (work directory "
+          f"{workdir}; Ctrl-C stops)", flush=True)
     if not loopback:
         print("mpsearch serve: warning: listening beyond this machine; anyone who can reach "
-              "it can upload models and run jobs", flush=True)
+              "it and has the token can upload models and run jobs", flush=True)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down cleanly
-        pass
+    except (KeyboardInterrupt, _Terminated):  # uvicorn re-raises the signal once it has
+        pass                                  # shut down cleanly
     finally:
+        signal.signal(signal.SIGTERM, previous)
         sock.close()
     print("mpsearch serve: stopped", flush=True)
     return 0

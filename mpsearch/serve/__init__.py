@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mpsearch.serve._access import LOOPBACK_HOSTS
 from mpsearch.serve._app import (
     ServeConfig,
     bundled_files,
@@ -9,6 +10,7 @@ from mpsearch.serve._app import (
 )
 
 __all__ = [
+    "LOOPBACK_HOSTS",
     "ServeConfig",
     "bundled_files",
     "create_app",

@@ -7,21 +7,23 @@ a model is uploaded, the profile's formats and op rules, the data and quantizati
 job progress and the results (the run's report with its charts, the Pareto front, each point's
 QDQ model and the job's ``spec.yaml`` to rerun it from the CLI).
 
-Safety: request bodies are capped (413 past ``max_upload_bytes``), uploads get generated names,
-every id in a URL is checked against ``[0-9a-f]{16}``, cross-site POSTs and (when configured)
-unknown Host headers are refused, pages may load nothing from other origins, and errors are
-one-line messages (a traceback only reaches the server log).
+Safety: every request needs the server's access token (``?token=`` once, then a cookie), every
+state-changing one a same-origin ``Origin`` (:mod:`mpsearch.serve._access`); unknown Host
+headers are refused when ``allowed_hosts`` is set; request bodies are capped (413 past
+``max_upload_bytes``), uploads get generated names, every id in a URL is checked against
+``[0-9a-f]{16}``, pages may load nothing from other origins, and errors are one-line messages
+(a traceback only reaches the server log).
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import re
 import shutil
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -30,7 +32,6 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import (
     FileResponse,
@@ -44,6 +45,8 @@ from starlette.staticfiles import StaticFiles
 
 from mpsearch.errors import MpsearchError
 from mpsearch.serve import _pages as pages
+from mpsearch.serve._access import Access, new_token
+from mpsearch.serve._choices import Choices, bundled_files, demo_names
 from mpsearch.serve._http import Guard, error_handlers, error_response, wants_json
 from mpsearch.serve._job_pages import job_page, model_page
 from mpsearch.serve._jobs import ACTIVE, Job, JobQueue
@@ -66,25 +69,15 @@ STATIC = Path(__file__).parent.parent / "static"
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServeConfig:
-    """How the server runs: where it stores everything and its limits."""
+    """How the server runs: where it stores everything, its limits and its access token
+    (a fresh random one unless given; None switches the token check off)."""
 
     workdir: Path
     max_upload_bytes: int = 256 * 1024 * 1024
     max_running: int = 1
     allowed_hosts: tuple[str, ...] | None = None
     poll_s: float = 0.25
-
-
-def bundled_files() -> tuple[dict[str, Path], dict[str, Path]]:
-    """(models, data) shipped with mpsearch: the demo, and the test fixtures of a checkout."""
-    demo = Path(__file__).parent.parent / "demo"
-    fixtures = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
-    models = {p.name: p for p in sorted(demo.glob("*.onnx"))}
-    data = {p.name: p for p in sorted(demo.glob("*.npz"))}
-    if fixtures.is_dir():
-        models |= {p.name: p for p in sorted(fixtures.glob("*.onnx")) if p.name not in models}
-        data |= {p.name: p for p in sorted(fixtures.glob("*.npz")) if p.name not in data}
-    return models, data
+    token: str | None = field(default_factory=new_token)
 
 
 class _App:
@@ -93,6 +86,7 @@ class _App:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.store = Store(config.workdir, max_upload_bytes=config.max_upload_bytes)
+        self.choices = Choices(self.store)
         self.queue = JobQueue(config.workdir, max_running=config.max_running,
                               poll_s=config.poll_s)
 
@@ -111,79 +105,42 @@ class _App:
             return JSONResponse({**record, "url": url}, status_code=201)
         return RedirectResponse(url, status_code=303)
 
-    def _profiles(self) -> list[tuple[str, str]]:
-        from mpsearch import list_profiles
-
-        shipped = [(f"shipped:{n}", n) for n in list_profiles()]
-        uploaded = [(f"upload:{u.id}", f"{u.info.get('profile')} (uploaded {u.name})")
-                    for u in self.store.list("profiles")]
-        return shipped + uploaded
-
-    def _resolve_profile(self, ref: str) -> tuple[str, str]:
-        """A profile choice -> (what load_profile takes, a label)."""
-        from mpsearch import list_profiles
-
-        kind, _, name = ref.partition(":")
-        if not ref:
-            raise UploadError("choose a hardware profile")
-        if kind == "shipped" and name in list_profiles():
-            return name, name
-        if kind == "upload":
-            upload = self.store.get("profiles", name)
-            return str(upload.path), str(upload.info.get("profile", upload.name))
-        raise UploadError(f"profile '{ref[:60]}' is neither a shipped profile nor an upload; "
-                          "pick one from the list")
-
-    def _data_choices(self, model: Upload) -> list[tuple[str, str]]:
-        own = [(u.id, f"{u.name} ({u.info.get('samples')} samples"
-                f"{', labels' if u.info.get('labels') else ''})")
-               for u in self.store.list("data") if u.info.get("model") == model.id]
-        bundled = [(f"bundled:{n}", f"bundled {n}") for n in bundled_files()[1]]
-        return own + bundled
-
-    def _resolve_data(self, ref: str, model: Upload) -> Upload:
-        if ref.startswith("bundled:"):
-            source = bundled_files()[1].get(ref.removeprefix("bundled:"))
-            if source is None:
-                raise UploadError(f"no bundled data '{ref[8:60]}'")
-            return self.store.add_bundled("data", source, source.name, model)
-        upload = self.store.get("data", ref)
-        if upload.info.get("model") != model.id:
-            raise UploadError("that data was checked against another model; upload it again "
-                              "for this one")
-        return upload
-
     async def _model_view(self, request: Request, model: Upload, *, status: int = 200,
                           errors: Mapping[str, UploadError] | None = None,
                           form: Mapping[str, str] | None = None) -> Response:
         query = request.query_params
         form = dict(form or {})
-        profiles = self._profiles()
-        profile = form.get("profile") or query.get("profile") or next(
-            (v for v, _ in profiles if v == "shipped:x86_ort"), profiles[0][0])
+        profiles = self.choices.profiles()
+        known = {v for v, _ in profiles}
+        default = "shipped:x86_ort" if "shipped:x86_ort" in known else profiles[0][0]
+        profile = next((p for p in (form.get("profile"), query.get("profile")) if p in known),
+                       default)  # an unknown choice (the error says so) falls back
+        form["profile"] = profile
         try:
             card = await run_in_threadpool(self._card, profile)
         except MpsearchError as e:
             card = f'<p class="error">{pages.e(e)}</p>'
-        data = self._data_choices(model)
+        data = self.choices.data(model)
+        notice = self.choices.notice(query.get("uploaded", ""), query)
         html = model_page(
             model, self.store.summary(model), profiles=profiles, profile=profile, card=card,
             data=data, selected_data=(form.get("data") or query.get("data")
                                       or (data[0][0] if data else "")),
             metrics=await run_in_threadpool(metric_names), form=form,
-            errors=errors or {}, max_bytes=self.config.max_upload_bytes)
+            errors=errors or {}, max_bytes=self.config.max_upload_bytes, notice=notice)
         return HTMLResponse(html, status_code=status)
 
     def _card(self, ref: str) -> str:
         from mpsearch import load_profile
 
-        return pages.profile_card(load_profile(self._resolve_profile(ref)[0]).to_dict())
+        return pages.profile_card(load_profile(self.choices.resolve_profile(ref)[0]).to_dict())
 
     # -- pages ---------------------------------------------------------------------------
     async def index(self, request: Request, error: UploadError | None = None,
                     status: int = 200) -> Response:
         html = pages.index_page(self.store.list("models"), self.queue.list(),
-                                list(bundled_files()[0]), self.config.max_upload_bytes, error)
+                                list(bundled_files()[0]), self.config.max_upload_bytes, error,
+                                demo=demo_names())
         return HTMLResponse(html, status_code=status)
 
     async def upload_model(self, request: Request) -> Response:
@@ -203,7 +160,9 @@ class _App:
         source = bundled_files()[0].get(fields.get("name", ""))
         if source is None:
             return await self.index(request, UploadError("no such bundled model"), 404)
-        model = await run_in_threadpool(self.store.add_bundled, "models", source, source.name)
+        label = "demo" if source.name in demo_names() else "test fixture"
+        model = await run_in_threadpool(self.store.add_bundled, "models", source, source.name,
+                                        None, label)
         return self._created(request, f"/models/{model.id}", model.to_dict())
 
     async def model(self, request: Request) -> Response:
@@ -226,7 +185,8 @@ class _App:
                                      "source_line": err.source_line}, status_code=err.status)
             return await self._model_view(request, model, status=err.status,
                                           errors={"profile": err}, form=fields)
-        url = _model_url(model, profile=f"upload:{profile.id}", data=fields.get("data"))
+        url = _model_url(model, profile=f"upload:{profile.id}", data=fields.get("data"),
+                         uploaded="profile")
         return self._created(request, url, profile.to_dict())
 
     async def upload_data(self, request: Request) -> Response:
@@ -245,7 +205,7 @@ class _App:
                 return error_response(request, str(err), err.status)
             return await self._model_view(request, model, status=err.status,
                                           errors={"data": err}, form=fields)
-        url = _model_url(model, profile=fields.get("profile"), data=data.id)
+        url = _model_url(model, profile=fields.get("profile"), data=data.id, uploaded="data")
         return self._created(request, url, data.to_dict())
 
     async def create_job(self, request: Request) -> Response:
@@ -253,13 +213,14 @@ class _App:
         fields, _ = await self._form(request)
         run_dir = None
         try:
-            profile, label = self._resolve_profile(fields.get("profile", ""))
-            data = await run_in_threadpool(self._resolve_data, fields.get("data", ""), model)
+            profile, label = self.choices.resolve_profile(fields.get("profile", ""))
+            data = await run_in_threadpool(self.choices.resolve_data, fields.get("data", ""),
+                                           model)
             fields["data"] = data.id
             config = parse_form(fields, model=model.path, data=data.path, profile=profile,
                                 labels=bool(data.info.get("labels", True)))
             job_id, run_dir = self.queue.new_run_dir()
-            title = f"{config.kind} of {model.name} on {label}"
+            title = _title(len(self.queue.list()) + 1, config, model, label)
             commands = await run_in_threadpool(write_spec, run_dir, config, title=title)
         except UploadError as err:
             if run_dir is not None:
@@ -269,7 +230,8 @@ class _App:
             return await self._model_view(request, model, status=err.status,
                                           errors={"job": err}, form=fields)
         job = self.queue.submit(Job(
-            id=job_id, kind=config.kind, title=title, model=model.id,
+            id=job_id, kind=config.kind, title=title, model=model.id, model_name=model.name,
+            profile=label,
             trials=config.trials if config.kind == "search" else None,
             higher_is_better=_higher(config), commands=commands))
         return self._created(request, f"/jobs/{job.id}", job.to_dict())
@@ -300,11 +262,9 @@ class _App:
         status = await run_in_threadpool(self._status, job)
         if wants_json(request):
             return JSONResponse(status)
+        results = await run_in_threadpool(self.choices.results, job, self.queue.run_dir(job.id))
         run_dir = self.queue.run_dir(job.id)
-        front = None
-        if job.kind == "search" and job.state == "done" and (run_dir / "front.json").is_file():
-            front = json.loads((run_dir / "front.json").read_text(encoding="utf-8"))
-        html = job_page(job, progress=status["progress"], front=front,
+        html = job_page(job, progress=status["progress"], **results,
                         has_report=job.state not in ACTIVE
                         and (run_dir / "report.html").is_file(),
                         has_profile=(run_dir / "hw_profile.yaml").is_file(),
@@ -337,8 +297,9 @@ class _App:
     async def export(self, request: Request) -> Response:
         job = self.queue.get(request.path_params["id"])
         text = request.query_params.get("point", "")
-        if not text.isdigit():
-            raise UploadError(f"point must be a front point number, got '{text[:20]}'")
+        if not re.fullmatch(r"[0-9]{1,6}", text):
+            raise UploadError(f"point must be the number of a front point, such as 0; got "
+                              f"'{text[:20]}'")
         path = await run_in_threadpool(self.queue.export, job.id, int(text))
         model = self.store.get("models", job.model)
         stem = Path(model.name).stem or "model"
@@ -346,12 +307,20 @@ class _App:
                             filename=f"{stem}-point{int(text)}.onnx")
 
     async def profiles_api(self, request: Request) -> Response:
-        return JSONResponse({"profiles": [v for v, _ in self._profiles()]})
+        return JSONResponse({"profiles": [v for v, _ in self.choices.profiles()]})
 
 
 def _model_url(model: Upload, **query: str | None) -> str:
     kept = urlencode({k: v for k, v in query.items() if v})
     return f"/models/{model.id}" + (f"?{kept}" if kept else "")
+
+
+def _title(number: int, config: JobConfig, model: Upload, profile: str) -> str:
+    """A job's name, told apart from the others: number, kind, model, profile, trials."""
+    trials = f", {config.trials} trials" if config.kind == "search" else ""
+    uploaded = model.created[11:16]
+    return (f"#{number} {config.kind} of {model.name} (uploaded {uploaded} UTC) on "
+            f"{profile}{trials}")
 
 
 def _higher(config: JobConfig) -> bool:
@@ -402,9 +371,7 @@ def create_app(config: ServeConfig) -> Starlette:
         Route("/api/profiles", checked(app.profiles_api)),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    middleware = [Middleware(Guard, max_bytes=config.max_upload_bytes)]
-    if config.allowed_hosts:
-        middleware.insert(0, Middleware(TrustedHostMiddleware,
-                                        allowed_hosts=list(config.allowed_hosts)))
+    access = Access(config.token, config.allowed_hosts or None)
+    middleware = [Middleware(Guard, max_bytes=config.max_upload_bytes, access=access)]
     return Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                      exception_handlers=error_handlers())

@@ -2,8 +2,9 @@
 
 Consumes requests and exceptions; produces responses: JSON ``{"error": message}`` for API
 clients and an HTML page otherwise, one line each (a traceback only reaches the server log).
-:class:`Guard` caps request bodies (413), refuses cross-site POSTs (403) and adds the security
-headers, including a content security policy that lets pages load nothing from other origins.
+:class:`Guard` applies the access rules of :mod:`mpsearch.serve._access` (token, Host,
+cross-site: 400/403), caps request bodies (413) and adds the security headers, including a
+content security policy that lets pages load nothing from other origins.
 """
 
 from __future__ import annotations
@@ -11,15 +12,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mpsearch.errors import MpsearchError
 from mpsearch.serve import _pages as pages
+from mpsearch.serve._access import Access
 from mpsearch.serve._store import UploadError
 
 __all__ = ["CSP", "Guard", "error_handlers", "error_response", "wants_json"]
@@ -45,23 +47,32 @@ def error_response(request: Request, message: str, status: int) -> Response:
 
 
 class Guard:
-    """ASGI middleware: body size limit, cross-site POST refusal, security headers."""
+    """ASGI middleware: access rules, body size limit, security headers."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int, access: Access) -> None:
+        self.app, self.max_bytes, self.access = app, max_bytes, access
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         request = Request(scope)
-        message = None
-        if scope["method"] in ("POST", "PUT"):
-            message = self._refuse(request)
+        message = self._refuse(request)
         if message is not None:
             status, text = message
             await error_response(request, text, status)(scope, receive, send)
             return
+        query = request.query_params
+        cookie = None
+        if self.access.token is not None and query.get("token") == self.access.token:
+            cookie = self.access.set_cookie()  # the first visit: keep the token in a cookie
+            if request.method == "GET" and not wants_json(request):
+                kept = urlencode([(k, v) for k, v in query.multi_items() if k != "token"])
+                response = RedirectResponse(request.url.path + (f"?{kept}" if kept else ""),
+                                            status_code=303)
+                response.headers["set-cookie"] = cookie
+                await response(scope, receive, send)
+                return
         limit, seen, started = self.max_bytes + _FORM_SLACK, 0, False
 
         async def limited() -> Message:
@@ -80,6 +91,8 @@ class Guard:
                                   (b"content-security-policy", CSP.encode()),
                                   (b"x-content-type-options", b"nosniff"),
                                   (b"referrer-policy", b"same-origin")]
+                if cookie is not None:
+                    msg["headers"].append((b"set-cookie", cookie.encode()))
             await send(msg)
 
         try:
@@ -93,9 +106,10 @@ class Guard:
                 "`mpsearch serve` with a larger --max-upload-mb")
 
     def _refuse(self, request: Request) -> tuple[int, str] | None:
-        origin = request.headers.get("origin")
-        if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host"):
-            return 403, f"cross-site request from {origin} refused"
+        refused = self.access.refuse(request.method, request.url.path, request.query_params,
+                                     request.headers, request.cookies)
+        if refused is not None:
+            return refused
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_bytes + _FORM_SLACK:
             return 413, self._too_large()

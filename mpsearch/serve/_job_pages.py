@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mpsearch.serve._pages import bytes_text, e, error_box, file_form, page, summary_html
+from mpsearch.serve._results import chart_data, front_section, partial_section
 
 __all__ = ["job_page", "model_page"]
 
@@ -27,20 +28,39 @@ def _options(choices: Sequence[tuple[str, str]], selected: str | None) -> str:
 def _select(name: str, label: str, choices: Sequence[tuple[str, str]], selected: str | None,
             **attrs: str) -> str:
     extra = "".join(f' {k.replace("_", "-")}="{e(v)}"' for k, v in attrs.items())
+    help_text = _HELP.get(name)
+    hint = f'<small class="help" id="help-{name}">{e(help_text)}</small>' if help_text else ""
     return (f'<label>{e(label)} <select name="{name}" id="{name}"{extra}>'
-            f"{_options(choices, selected)}</select></label>")
+            f"{_options(choices, selected)}</select>{hint}</label>")
 
 
 def _input(name: str, label: str, value: str, kind: str = "text", **attrs: str) -> str:
     extra = "".join(f' {k}="{e(v)}"' for k, v in attrs.items())
+    help_text = _HELP.get(name)
+    hint = f'<small class="help" id="help-{name}">{e(help_text)}</small>' if help_text else ""
     return (f'<label>{e(label)} <input type="{kind}" name="{name}" id="{name}" '
-            f'value="{e(value)}"{extra}></label>')
+            f'value="{e(value)}"{extra}>{hint}</label>')
+
+
+_HELP = {
+    "held_out": "share of the data kept aside: the search measures on the rest (the search "
+                "split), the front is re-measured on this held-out split",
+    "max_metric_drop": "largest loss of the metric against FP32 a configuration may have "
+                       "to count (0.01 = one point of accuracy); empty: no limit",
+    "sensitivity_samples": "samples the per-node analysis measures each node on; fewer is "
+                           "faster and noisier; empty: all of the search split",
+    "analysis": "before the search, measure each node alone in each format (sensitivity, "
+                "range histograms, accuracy-size curve) for the report and to seed the search",
+    "trials": "configurations the search builds and measures; more finds a fuller front",
+}
 
 
 def model_page(model: Any, summary: Mapping[str, Any], *, profiles: Sequence[tuple[str, str]],
                profile: str, card: str, data: Sequence[tuple[str, str]], selected_data: str,
                metrics: Sequence[str], form: Mapping[str, str], errors: Mapping[str, Any],
-               max_bytes: int) -> str:
+               max_bytes: int, notice: str | None = None) -> str:
+    """The model: its summary, then the numbered steps (profile, data, job), the next one
+    highlighted; ``notice`` confirms an upload that just happened."""
     base = f"/models/{model.id}"
     value = form.get
     first_input = summary["inputs"][0][0] if summary["inputs"] else "input"
@@ -51,13 +71,15 @@ def model_page(model: Any, summary: Mapping[str, Any], *, profiles: Sequence[tup
     images += _input("image_input_name", "model input", first_input)
     keep = {"profile": profile, "data": selected_data}
     data_form = file_form(
-        f"{base}/data", "data", ".npz,.zip", "Data (.npz, or a .zip of images)", max_bytes,
+        f"{base}/data", "data", ".npz,.npy,.zip",
+        "Upload data (.npz with one array per input, a .npy for a one-input model, or a .zip "
+        "of images)", max_bytes,
         extra=f"<details><summary>Preprocessing of a zip of images</summary><div class="
               f'"fields">{images}</div></details>', keep=keep)
     job_form = (
         f'<form method="post" action="{base}/jobs" id="job-form" class="fields">'
         f'<input type="hidden" name="profile" value="{e(profile)}">'
-        + _select("data", "data", data, selected_data)
+        + _select("data", "data (step 3)", data, selected_data)
         + _select("method", "range method",
                   [(m, m) for m in ("minmax", "percentile", "entropy", "mse")],
                   value("method", "minmax"))
@@ -83,23 +105,44 @@ def model_page(model: Any, summary: Mapping[str, Any], *, profiles: Sequence[tup
         + (" checked" if value("latency") else "") + "> latency objective</label>"
         + '<div class="buttons"><button type="submit" name="kind" value="analysis" '
           'id="run-analysis">Run analysis</button><button type="submit" name="kind" '
-          'value="search" id="run-search">Run search</button></div></form>')
+          'value="search" id="run-search" class="primary">Run search</button></div></form>')
     choose = (f'<form method="get" action="{base}" class="fields"><input type="hidden" '
               f'name="data" value="{e(selected_data)}"><label>profile <select name="profile" '
               f'id="profile-select" data-card-url="/profiles/card">{_options(profiles, profile)}'
               '</select></label><noscript><button type="submit">Show</button></noscript></form>')
+    has_data = bool(selected_data)
+    uploaded = "" if not notice else f'<p class="ok" id="uploaded" role="status">{e(notice)}</p>'
+    file_bytes = model.info.get("file_bytes")
+    size = f" · file {bytes_text(file_bytes)}" if isinstance(file_bytes, int) else ""
     body = (
-        f"<section><h2>Summary</h2>{summary_html(summary)}</section>"
-        "<section><h2>Hardware profile</h2>" + choose
-        + f'<div id="profile-card">{card}</div>'
-        + file_form(f"{base}/profiles", "profile", ".yaml,.yml", "or upload a profile YAML",
-                    max_bytes, keep=keep)
-        + error_box(errors.get("profile"), "profile")
-        + "</section><section><h2>Calibration and validation data</h2>"
-        + data_form + error_box(errors.get("data"), "data")
-        + "</section><section><h2>Quantization configuration</h2>"
-        + job_form + error_box(errors.get("job"), "job") + "</section>")
+        f'<p class="muted">Uploaded {e(model.created[:19].replace("T", " "))} UTC{size}. Step 1 '
+        "(the model) is done; go through 2 to 4 below. "
+        + ('<a href="#step-job" id="next-link">Next: 4, run a search</a>' if has_data else
+           '<a href="#step-data" id="next-link">Next: 3, upload the data</a>') + "</p>"
+        + uploaded
+        + _step(2, "Hardware profile", "profile", False,
+                '<p class="muted">What the target runs: the formats each op may take. '
+                "x86_ort (ONNX Runtime on this CPU) is a good start.</p>" + choose
+                + f'<div id="profile-card">{card}</div>'
+                + file_form(f"{base}/profiles", "profile", ".yaml,.yml",
+                            "or upload a profile YAML", max_bytes, keep=keep)
+                + error_box(errors.get("profile"), "profile"))
+        + _step(3, "Data for calibration and validation", "data", not has_data,
+                ('<p class="muted">Optional here: the data below is already selected in '
+                 "step 4. Upload your own to use it instead.</p>" if has_data else
+                 '<p class="muted">Upload samples of what the model reads (a few hundred '
+                 "are enough; add a 'labels' array for accuracy).</p>")
+                + data_form + error_box(errors.get("data"), "data"))
+        + _step(4, "Run a search (or only the analysis)", "job", has_data,
+                job_form + error_box(errors.get("job"), "job"))
+        + f"<section><h2>Model summary</h2>{summary_html(summary)}</section>")
     return page(f"Model {model.name}", body)
+
+
+def _step(number: int, title: str, slot: str, is_next: bool, body: str) -> str:
+    cls = "step next" if is_next else "step"
+    return (f'<section class="{cls}" id="step-{slot}"><h2><span class="n">{number}</span>'
+            f"{e(title)}</h2>{body}</section>")
 
 
 def _state(job: Any, position: int | None) -> str:
@@ -112,39 +155,20 @@ def _commands(job: Any) -> str:
     return f'<pre class="commands" id="commands">{lines}</pre>'
 
 
-def _front_table(job: Any, front: Mapping[str, Any]) -> str:
-    metric = front.get("metric", "metric")
-    rows = []
-    for p in front.get("points", ()):
-        k = int(p["index"])
-        counts = ", ".join(f"{f} {n}" for f, n in sorted(p.get("counts", {}).items()))
-        latency = "-" if p.get("latency") is None else f"{p['latency']:.2f}×"
-        rows.append(
-            f'<tr><td><input type="radio" name="point" value="{k}" id="point-{k}"'
-            f'{" checked" if k == 0 else ""}></td><td><label for="point-{k}">{k}</label></td>'
-            f'<td>{p["metric"]:.4f}</td><td>{e(bytes_text(p["size"]))}</td><td>{latency}</td>'
-            f"<td>{e(counts)}</td><td><a href=\"/jobs/{job.id}/export?point={k}\" "
-            f'class="download">QDQ model</a></td></tr>')
-    fp32 = front.get("fp32") or {}
-    note = (f'<p class="muted">FP32: {e(metric)} {fp32.get("metric", float("nan")):.4f}, '
-            f'{e(bytes_text(fp32.get("size", 0)))}; {front.get("evaluations", 0)} evaluations'
-            "</p>")
-    if not rows:
-        return note + '<p class="error">No point met the constraints.</p>'
-    return (note + f'<form method="get" action="/jobs/{job.id}/export" id="export-form">'
-            f'<table id="front"><thead><tr><th></th><th>point</th><th>{e(metric)} (held-out)'
-            "</th><th>size</th><th>latency vs FP32</th><th>formats</th><th></th></tr></thead>"
-            f'<tbody>{"".join(rows)}</tbody></table><button type="submit" id="export-button">'
-            "Download the selected point's QDQ model</button></form>")
-
-
 def job_page(job: Any, *, progress: Mapping[str, Any] | None, front: Mapping[str, Any] | None,
-             has_report: bool, has_profile: bool, run_dir: str, position: int | None) -> str:
+             partial: Mapping[str, Any] | None, trials_done: int, files: Mapping[int, int],
+             fp32_file: int | None, has_report: bool, has_profile: bool, run_dir: str,
+             position: int | None) -> str:
+    """A job: its state and actions, then its results (the front first), the report, and the
+    command lines that redo it."""
     links = [f'<a href="/jobs/{job.id}/spec.yaml" download id="spec-link">spec.yaml</a>']
     if has_profile:
         links.append(f'<a href="/jobs/{job.id}/hw_profile.yaml" download>hw_profile.yaml</a>')
-    parts = [f'<p>{_state(job, position)} <a href="/models/{e(job.model)}">model</a> · '
-             f'{" · ".join(links)}</p>']
+    about = " · ".join(e(x) for x in (job.kind, getattr(job, "profile", ""),
+                                       f"{job.trials} trials" if job.trials else "") if x)
+    parts = [f'<p>{_state(job, position)} <span class="muted">{about}</span> · '
+             f'<a href="/models/{e(job.model)}">model {e(getattr(job, "model_name", ""))}</a>'
+             f' · {" · ".join(links)}</p>']
     if job.state in ("queued", "running"):
         parts.append(
             f'<form method="post" action="/jobs/{job.id}/cancel"><button type="submit" '
@@ -154,22 +178,29 @@ def job_page(job: Any, *, progress: Mapping[str, Any] | None, front: Mapping[str
             '</p><div id="mini-front"></div></div>')
     if job.state in ("cancelled", "failed", "interrupted"):
         parts.append(f'<form method="post" action="/jobs/{job.id}/resume"><button '
-                     'type="submit" id="resume">Resume</button></form>')
+                     'type="submit" id="resume" class="primary">Resume</button></form>')
     if job.error:
         parts.append(f'<div class="error" role="alert" id="job-error">{e(job.error)}</div>')
     if job.note:
         parts.append(f'<p class="note">{e(job.note)}</p>')
     if front is not None:
-        parts.append(f"<section><h2>Pareto front</h2>{_front_table(job, front)}</section>")
+        parts.append('<section id="results"><h2>Pareto front</h2>'
+                     + front_section(job, front, trials_done=trials_done, files=files,
+                                     fp32_file=fp32_file) + "</section>")
+    elif partial is not None:
+        parts.append('<section id="results"><h2>Partial results</h2>'
+                     + partial_section(job, partial) + "</section>")
     if has_report:
         parts.append(
-            f'<section><h2>Report</h2><p><a href="/jobs/{job.id}/report" target="_blank">'
-            f'open in a new tab</a></p><iframe id="report" src="/jobs/{job.id}/report" '
-            'title="report"></iframe></section>')
+            f'<section><h2>Report</h2><p class="muted">Every chart and table of the run '
+            f'(sensitivity, ranges, the accuracy-size curve). <a href="/jobs/{job.id}/report" '
+            f'target="_blank">Open it in a new tab</a>.</p><iframe id="report" '
+            f'src="/jobs/{job.id}/report" title="report"></iframe></section>')
     if job.commands:
         parts.append("<section><h2>From the command line</h2><p class=\"muted\">The same "
                      f"run from a shell (run directory {e(run_dir)}):</p>{_commands(job)}"
                      "</section>")
     data = {"job": job.id, "state": job.state, "higher": job.higher_is_better,
-            "progress": dict(progress) if progress else None}
+            "progress": dict(progress) if progress else None,
+            "chart": chart_data(front, partial)}
     return page(job.title, "".join(parts), data=data)

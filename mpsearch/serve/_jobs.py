@@ -1,9 +1,11 @@
 """Background jobs of ``mpsearch serve``: a small queue of worker processes, one per job.
 
 Consumes jobs whose run directory already holds ``spec.yaml`` (see :mod:`mpsearch._serve_spec`);
-produces their run directories (``WORKDIR/runs/{id}/``) through ``python -m
-mpsearch.serve._worker``, which calls the same Python API as the CLI, so ``mpsearch report`` and
-``mpsearch search --resume`` work on them. At most ``max_running`` workers run at once (the rest
+produces their run directories (``WORKDIR/runs/{id}/``) through the worker
+(:func:`worker_command`: ``python -I`` with this installed package's folder first on
+``sys.path``, so no ``mpsearch/`` of the current directory can stand in for it), which calls
+the same Python API as the CLI, so ``mpsearch report`` and ``mpsearch search --resume`` work
+on them. At most ``max_running`` workers run at once (the rest
 queue, first in first out); a supervisor thread polls them. ``job.json`` in the run directory is
 the job's state, rewritten atomically at each change, so the job list survives a browser reload
 and a server restart (a job that was running when the server stopped becomes "interrupted" and
@@ -27,16 +29,29 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from mpsearch.rundir import write_json
+from mpsearch.errors import MpsearchError
+from mpsearch.rundir import RunDir, write_json
 from mpsearch.serve._store import UploadError, new_id, valid_id
 
-__all__ = ["ACTIVE", "Job", "JobQueue"]
+__all__ = ["ACTIVE", "Job", "JobQueue", "worker_command"]
 
 logger = logging.getLogger(__name__)
 
 ACTIVE = ("queued", "running")
 _KILL_AFTER_S = 10.0
 _EXPORT_TIMEOUT_S = 900.0
+
+
+_BOOT = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
+         "from mpsearch.serve._worker import main; sys.exit(main())")
+
+
+def worker_command(*args: str) -> list[str]:
+    """The command line of a worker process with ``args``: isolated mode (``-I``: neither the
+    current directory, nor ``PYTHON*`` variables, nor the user's site-packages reach
+    ``sys.path``), then the folder holding this very ``mpsearch`` package put first."""
+    root = str(Path(__file__).resolve().parents[2])
+    return [sys.executable, "-I", "-u", "-c", _BOOT, root, *args]
 
 
 def _now() -> str:
@@ -51,6 +66,8 @@ class Job:
     kind: str
     title: str
     model: str
+    model_name: str = ""
+    profile: str = ""
     state: str = "queued"
     created: str = ""
     started: str | None = None
@@ -90,7 +107,8 @@ class JobQueue:
             for path in sorted(self.runs.glob("*/job.json")):
                 try:
                     doc = json.loads(path.read_text(encoding="utf-8"))
-                    job = Job(**{**doc, "commands": tuple(doc.get("commands", ()))})
+                    known = {k: v for k, v in doc.items() if k in Job.__dataclass_fields__}
+                    job = Job(**{**known, "commands": tuple(doc.get("commands", ()))})
                 except (OSError, ValueError, TypeError) as e:
                     logger.warning("skipping %s: %s", path, e)
                     continue
@@ -182,6 +200,16 @@ class JobQueue:
         run_dir = self.run_dir(job_id)
         if job.kind != "search" or job.state != "done":
             raise UploadError("only a finished search has a Pareto front to export", status=409)
+        try:
+            count = len(RunDir(run_dir).read_front().points)
+        except MpsearchError as e:
+            raise UploadError("this search's front cannot be read; run the search again",
+                              status=409) from e
+        if not 0 <= point < count:
+            raise UploadError(
+                f"point {point} is not on this search's front, which has "
+                + (f"points 0 to {count - 1}; pick one from the table" if count
+                   else "no points (no configuration met the constraints)"), status=404)
         out = run_dir / "exports" / f"point-{point}.onnx"
         with self._lock:
             lock = self._exports.setdefault((job_id, point), threading.Lock())
@@ -192,8 +220,8 @@ class JobQueue:
             tmp = out.with_name(f".{out.name}.tmp.onnx")
             try:
                 done = subprocess.run(
-                    [sys.executable, "-m", "mpsearch.serve._worker", "export", str(run_dir),
-                     str(point), str(tmp)], capture_output=True, timeout=_EXPORT_TIMEOUT_S,
+                    worker_command("export", str(run_dir), str(point), str(tmp)),
+                    capture_output=True, timeout=_EXPORT_TIMEOUT_S,
                     env=_env(), check=False)
             except subprocess.TimeoutExpired as e:
                 raise UploadError(f"export of point {point} took over {_EXPORT_TIMEOUT_S:.0f} "
@@ -234,7 +262,7 @@ class JobQueue:
         self._set(job.id, state="running", started=_now())
         with (run_dir / "job.log").open("ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "mpsearch.serve._worker", str(run_dir)],
+                worker_command(str(run_dir)),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=_env(),
                 start_new_session=True)
         with contextlib.suppress(OSError, AttributeError):

@@ -32,8 +32,14 @@ def bytes_text(value: float) -> str:
     return si(value, "B")
 
 
+def _dim(d: Any) -> str:
+    text = str(d)
+    return "?" if text.startswith("unk__") or text in ("", "None") else text
+
+
 def shape_text(shape: Sequence[Any] | None) -> str:
-    return "?" if shape is None else "[" + ", ".join(str(d) for d in shape) + "]"
+    """A shape; dimensions ONNX shape inference could not name (``unk__7``) show as ``?``."""
+    return "?" if shape is None else "[" + ", ".join(_dim(d) for d in shape) + "]"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, cls: str = "") -> str:
@@ -84,26 +90,50 @@ def file_form(action: str, slot: str, accept: str, label: str, max_bytes: int,
             f'required></label>{extra}<button type="submit">Upload</button></form>')
 
 
+def _bundled(bundled: Sequence[str], demo: Sequence[str]) -> str:
+    """The bundled models: the demo first, marked as the place to start; fixtures below."""
+    first = [n for n in bundled if n in demo]
+    rest = [n for n in bundled if n not in demo]
+    buttons = "".join(f'<button type="submit" name="name" value="{e(n)}" class="demo" '
+                      f'id="open-demo">Open the demo model ({e(n)})</button>' for n in first)
+    others = "".join(f'<button type="submit" name="name" value="{e(n)}">{e(n)}</button>'
+                     for n in rest)
+    return (
+        '<form method="post" action="/models/bundled" class="bundled">'
+        + (f"{buttons}<span class=\"muted\">a small image classifier with its own data: "
+           "the quickest way to try everything</span>" if first else "")
+        + (f'<details id="fixtures"><summary>Test fixtures ({len(rest)}), for mpsearch\'s '
+           f"own tests</summary>{others}</details>" if rest else "")
+        + ("<em>no bundled model found</em>" if not bundled else "") + "</form>")
+
+
 def index_page(models: Sequence[Any], jobs: Sequence[Any], bundled: Sequence[str],
-               max_bytes: int, error: Any | None = None) -> str:
-    buttons = "".join(f'<button type="submit" name="name" value="{e(n)}">{e(n)}</button>'
-                      for n in bundled)
+               max_bytes: int, error: Any | None = None, demo: Sequence[str] = ()) -> str:
     rows = "".join(
-        f'<tr><td><a href="/models/{m.id}">{e(m.name)}</a></td><td>{m.info.get("nodes", "")}'
-        f'</td><td>{si(m.info.get("params", 0))}</td><td>{si(m.info.get("flops", 0), "FLOPs")}'
-        f"</td><td>{e(m.created[:19].replace('T', ' '))}</td></tr>" for m in models)
+        f'<tr><td><a href="/models/{m.id}">{e(m.name)}</a>'
+        + (f'<span class="tag">{e(m.info["bundled"])}</span>' if m.info.get("bundled") else "")
+        + f'</td><td>{e(m.created[:19].replace("T", " "))}</td>'
+        f'<td>{m.info.get("nodes", "")}</td><td>{si(m.info.get("params", 0))}</td>'
+        f'<td>{_size(m.info.get("weight_bytes"))}</td><td>{_size(m.info.get("file_bytes"))}'
+        "</td></tr>" for m in models)
     body = (
-        "<section><h2>Open a model</h2>"
-        + file_form("/models", "model", ".onnx", "ONNX model", max_bytes)
-        + error_box(error, "model")
-        + '<form method="post" action="/models/bundled" class="bundled"><span>or a bundled '
-        f"model:</span> {buttons or '<em>none found</em>'}</form></section>"
+        '<section class="step" id="step-open"><h2><span class="n">1</span>Open a model</h2>'
+        '<p class="muted">Then: <b>2</b> pick the hardware profile, <b>3</b> the data '
+        "(optional for the demo), <b>4</b> run a search; the results page shows the Pareto "
+        "front of accuracy against size and downloads each point's quantized model.</p>"
+        + _bundled(bundled, demo)
+        + file_form("/models", "model", ".onnx", "or upload your own ONNX model", max_bytes)
+        + error_box(error, "model") + "</section>"
         + "<section><h2>Models in this work directory</h2>"
-        + (f'<table id="models"><thead><tr><th>file</th><th>nodes</th><th>parameters</th>'
-           f"<th>FLOPs</th><th>uploaded (UTC)</th></tr></thead><tbody>{rows}</tbody></table>"
-           if models else '<p class="muted">None yet.</p>')
+        + ('<table id="models"><thead><tr><th>file</th><th>uploaded (UTC)</th><th>nodes</th>'
+           "<th>parameters</th><th>weights</th><th>file size</th></tr></thead>"
+           f"<tbody>{rows}</tbody></table>" if models else '<p class="muted">None yet.</p>')
         + f"</section><section><h2>Jobs</h2>{jobs_table(jobs)}</section>")
     return page("Mixed-precision search", body)
+
+
+def _size(value: Any) -> str:
+    return bytes_text(float(value)) if isinstance(value, (int, float)) else "-"
 
 
 def jobs_table(jobs: Sequence[Any]) -> str:
@@ -111,10 +141,12 @@ def jobs_table(jobs: Sequence[Any]) -> str:
         return '<p class="muted">No jobs yet.</p>'
     rows = "".join(
         f'<tr><td><a href="/jobs/{j.id}">{e(j.title)}</a></td><td>{e(j.kind)}</td>'
+        f'<td>{e(getattr(j, "profile", ""))}</td><td>{e(j.trials or "-")}</td>'
         f'<td><span class="state {e(j.state)}">{e(j.state)}</span></td>'
         f"<td>{e(j.created[:19].replace('T', ' '))}</td></tr>" for j in jobs)
-    return ('<table id="jobs"><thead><tr><th>job</th><th>kind</th><th>state</th>'
-            f"<th>created (UTC)</th></tr></thead><tbody>{rows}</tbody></table>")
+    return ('<table id="jobs"><thead><tr><th>job</th><th>kind</th><th>profile</th>'
+            "<th>trials</th><th>state</th><th>created (UTC)</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>")
 
 
 def summary_html(summary: Mapping[str, Any]) -> str:
@@ -125,7 +157,7 @@ def summary_html(summary: Mapping[str, Any]) -> str:
     totals = [("opset", summary["opset"]), ("nodes", len(nodes)),
               ("quantizable nodes", summary["quantizable"]),
               ("parameters", f"{summary['params']:,}"),
-              ("weights", bytes_text(summary["weight_bytes"])),
+              ("weights (FP32)", bytes_text(summary["weight_bytes"])),
               ("MACs", si(summary["macs"])), ("FLOPs", si(summary["flops"]))]
     ops = sorted(summary["op_types"].items(), key=lambda kv: (-kv[1], kv[0]))
     heavy = sorted(nodes, key=lambda n: -n["flops"])[:_TOP_NODES]

@@ -16,9 +16,27 @@ from typing import Any
 from mpsearch.progress import read_last
 from mpsearch.rundir import RunDir
 
-__all__ = ["job_progress", "pareto", "read_journal"]
+__all__ = ["job_progress", "pareto", "read_journal", "stage_message"]
 
 _MAX_POINTS = 2_000
+_STAGES = {
+    "calibrate": "calibrating activation ranges on the calibration samples",
+    "sensitivity": "per-node analysis: measuring each node alone in each format",
+    "reverse": "per-node analysis: measuring each node kept in float, the rest quantized",
+    "proxy": "estimating each node's sensitivity",
+    "group costs": "measuring the cost of each group of nodes, to seed the search",
+    "search": "searching: each trial builds one configuration and measures it on the search "
+              "split",
+}
+
+
+def stage_message(stage: str | None) -> str:
+    """What a stage of a job is doing, in a sentence."""
+    if stage is None:
+        return "loading the model and data"
+    if stage.startswith("curve"):
+        return "per-node analysis: measuring the accuracy-size curve"
+    return _STAGES.get(stage, stage)
 
 
 def read_journal(path: Path) -> tuple[list[tuple[float, float]], int]:
@@ -58,7 +76,7 @@ def job_progress(run_dir: Path, *, kind: str, trials: int | None,
     bar = _bar(read_last(run.progress_jsonl))
     stage = bar["stage"] if bar else "starting"
     out: dict[str, Any] = {"stage": stage, "bar": bar,
-                           "message": f"{stage}" if bar else "loading the model and data"}
+                           "message": stage_message(bar["stage"] if bar else None)}
     if kind != "search":
         return out
     points, finished = read_journal(run.journal)

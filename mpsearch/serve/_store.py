@@ -18,6 +18,7 @@ import re
 import secrets
 import shutil
 import zipfile
+import zlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -153,8 +154,10 @@ class Store:
         return upload_id, folder
 
     # -- models --------------------------------------------------------------------------
-    def add_model(self, src: BinaryIO, name: str | None) -> Upload:
-        """Store and load an ONNX model; its summary is saved beside it."""
+    def add_model(self, src: BinaryIO, name: str | None, bundled: str | None = None
+                  ) -> Upload:
+        """Store and load an ONNX model; its summary is saved beside it (``bundled``: which
+        kind of bundled model it is, "demo" or "test fixture")."""
         from mpsearch import load_model, summarize
 
         shown = display_name(name, "model.onnx")
@@ -165,7 +168,10 @@ class Store:
             summary = summarize(load_model(path)).to_dict()
             write_json(folder / "summary.json", summary)
         info = {"params": summary["params"], "flops": summary["flops"],
-                "nodes": len(summary["nodes"]), "graph": summary["model"]}
+                "nodes": len(summary["nodes"]), "graph": summary["model"],
+                "weight_bytes": summary["weight_bytes"], "file_bytes": path.stat().st_size}
+        if bundled:
+            info["bundled"] = bundled
         return self._commit("models", upload_id, shown, "model.onnx", info)
 
     def summary(self, model: Upload) -> dict[str, Any]:
@@ -189,28 +195,31 @@ class Store:
     # -- data ----------------------------------------------------------------------------
     def add_data(self, src: BinaryIO, name: str | None, model: Upload,
                  images: Mapping[str, Any] | None = None, bundled: bool = False) -> Upload:
-        """Store ``.npz`` data, or decode a zip of images with ``images`` (the fields of
-        :class:`~mpsearch.data.ImageOptions`) into one, and check it against ``model``."""
+        """Store ``.npz`` data (or one ``.npy`` array for a one-input model), or decode a zip
+        of images with ``images`` (the fields of :class:`~mpsearch.data.ImageOptions`) into
+        one, and check it against ``model``."""
         shown = display_name(name, "data.npz")
         upload_id, folder = self._new_dir("data")
-        is_zip = shown.lower().endswith(".zip")
-        raw = folder / ("images.zip" if is_zip else "data.npz")
+        suffix = shown.lower().rpartition(".")[2]
+        raw = folder / {"zip": "images.zip", "npy": "data.npy"}.get(suffix, "data.npz")
         target = folder / "data.npz"
         with _removed_on_failure(folder, shown):
             copy_limited(src, raw, self.max_upload_bytes)
-            if is_zip:
+            if suffix == "zip":
                 _decode_zip(raw, folder / "images", target, dict(images or {}),
                             self.max_upload_bytes * 4)
+            elif suffix == "npy":
+                _npy_to_npz(raw, target, [str(i[0]) for i in self.summary(model)["inputs"]])
             info = _check_data(target, model)
         info["model"] = model.id
         if bundled:
             info["bundled"] = shown
-        if is_zip:
+        if suffix == "zip":
             info["images"] = dict(images or {})
         return self._commit("data", upload_id, shown, target.name, info)
 
     def add_bundled(self, kind: str, source: Path, name: str,
-                    model: Upload | None = None) -> Upload:
+                    model: Upload | None = None, label: str = "bundled") -> Upload:
         """Copy a bundled model or data file in as if uploaded (checked the same way); bundled
         data already copied for ``model`` is reused."""
         if kind == "data" and model is not None:
@@ -219,16 +228,46 @@ class Store:
                     return upload
         with source.open("rb") as f:
             if kind == "models":
-                return self.add_model(f, name)
+                return self.add_model(f, name, bundled=label)
             if model is None:
                 raise UploadError("choose a model before its data")
             return self.add_data(f, name, model, bundled=True)
 
 
-def _check_data(path: Path, model: Upload) -> dict[str, Any]:
-    from mpsearch import check_signature, load_data, load_model
+def _read_data(path: Path) -> Any:
+    """:func:`mpsearch.load_data`, a damaged archive (whatever numpy and zipfile raise for it)
+    being the user's error."""
+    from mpsearch import load_data
 
-    dataset = load_data(path)
+    try:
+        return load_data(path)
+    except MpsearchError:
+        raise
+    except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, ValueError, OSError) as e:
+        reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        raise UploadError(f"{path}: cannot read the archive ({reason}); re-save it with "
+                          "numpy.savez") from e
+
+
+def _npy_to_npz(raw: Path, target: Path, inputs: list[str]) -> None:
+    """One ``.npy`` array as the ``.npz`` of a one-input model (keyed by the input's name)."""
+    import numpy as np
+
+    if len(inputs) != 1:
+        raise UploadError(f"{raw}: a .npy file holds one array and the model has "
+                          f"{len(inputs)} inputs ({', '.join(inputs)[:80]}); upload an .npz "
+                          "with one array per input")
+    dataset = _read_data(raw)
+    (array,) = dataset.inputs.values()
+    with target.open("wb") as f:
+        np.savez(f, **{inputs[0]: array})
+    raw.unlink()
+
+
+def _check_data(path: Path, model: Upload) -> dict[str, Any]:
+    from mpsearch import check_signature, load_model
+
+    dataset = _read_data(path)
     check_signature(dataset, load_model(model.path))
     if len(dataset) < 2:
         raise UploadError(f"{path}: {len(dataset)} sample(s); need at least 2 to calibrate "

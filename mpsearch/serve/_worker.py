@@ -1,4 +1,5 @@
-"""One ``mpsearch serve`` job, run in its own process: ``python -m mpsearch.serve._worker``.
+"""One ``mpsearch serve`` job, run in its own process (started by
+:func:`mpsearch.serve._jobs.worker_command`).
 
 Consumes a run directory prepared by :mod:`mpsearch.serve._jobs` (``job.json`` with the kind,
 ``spec.yaml`` with everything else); produces the same run directory the CLI writes, through

@@ -74,10 +74,11 @@
     if (text !== undefined) node.textContent = text;
     return node;
   }
-  function drawFront(box, points, front) {
+  function drawFront(box, points, front, labels) {
+    labels = labels || {};
     box.replaceChildren();
     if (!points || !points.length) return;
-    var W = 460, H = 230, L = 58, R = 12, T = 12, B = 34;
+    var W = 460, H = 244, L = 58, R = 40, T = 26, B = 34;
     var xs = points.map(function (p) { return p[1]; }), ys = points.map(function (p) { return p[0]; });
     var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs);
     var y0 = Math.min.apply(null, ys), y1 = Math.max.apply(null, ys);
@@ -85,13 +86,17 @@
     if (y1 === y0) { y1 += 0.01; y0 -= 0.01; }
     function X(v) { return L + (v - x0) / (x1 - x0) * (W - L - R); }
     function Y(v) { return H - B - (v - y0) / (y1 - y0) * (H - T - B); }
-    var svg = el("svg", {width: W, height: H, viewBox: "0 0 " + W + " " + H, id: "mini-front-svg",
-                         role: "img", "aria-label": "current Pareto front"});
+    var svg = el("svg", {width: W, height: H, viewBox: "0 0 " + W + " " + H, id: box.id + "-svg",
+                         role: "img", "aria-label": "Pareto front: " + (labels.y || "metric") +
+                         " against " + (labels.x || "size")});
     svg.appendChild(el("line", {x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#999"}));
     svg.appendChild(el("line", {x1: L, y1: T, x2: L, y2: H - B, stroke: "#999"}));
     svg.appendChild(el("text", {x: L, y: H - 18, "font-size": 11}, size(x0)));
     svg.appendChild(el("text", {x: W - R, y: H - 18, "font-size": 11, "text-anchor": "end"}, size(x1)));
-    svg.appendChild(el("text", {x: (L + W) / 2, y: H - 4, "font-size": 11, "text-anchor": "middle"}, "model size"));
+    svg.appendChild(el("text", {x: (L + W) / 2, y: H - 4, "font-size": 11, "text-anchor": "middle"},
+                       labels.x || "weights (bytes)"));
+    svg.appendChild(el("text", {x: 6, y: 14, "font-size": 11, "class": "y-label"},
+                       labels.y || "metric (search split)"));
     svg.appendChild(el("text", {x: L - 4, y: T + 10, "font-size": 11, "text-anchor": "end"}, y1.toFixed(3)));
     svg.appendChild(el("text", {x: L - 4, y: H - B, "font-size": 11, "text-anchor": "end"}, y0.toFixed(3)));
     points.forEach(function (p) {
@@ -105,8 +110,14 @@
                                       "class": "front-point"}));
       });
     }
+    (labels.marks || []).forEach(function (p) {
+      svg.appendChild(el("rect", {x: X(p[1]) - 4, y: Y(p[0]) - 4, width: 8, height: 8, fill: "#d62728"}));
+      svg.appendChild(el("text", {x: X(p[1]) - 8, y: Y(p[0]) + 4, "font-size": 11, "text-anchor": "end"},
+                         labels.mark || ""));
+    });
     box.appendChild(svg);
   }
+  if (D.chart && $("results-chart")) drawFront($("results-chart"), D.chart.points, D.chart.front, D.chart);
   function render(status) {
     var job = status.job, p = status.progress;
     var state = $("job-state");
@@ -123,10 +134,10 @@
     if (bar && bar.total) { $("progress-bar").max = bar.total; $("progress-bar").value = bar.done; }
     if (p.trials_total) {
       var t = "trials " + p.trials_done + "/" + p.trials_total + " · front " + (p.front_size || 0) +
-        " points" + (p.best !== undefined ? " · best " + p.best.toFixed(4) : "") +
+        " points" + (p.best !== undefined ? " · best " + p.best.toFixed(4) + " (search split)" : "") +
         (p.left !== null && p.left !== undefined ? " · about " + clock(p.left) + " left" : "");
       $("progress-trials").textContent = t;
-      drawFront($("mini-front"), p.points, p.front);
+      drawFront($("mini-front"), p.points, p.front, {y: "metric (search split)", x: "weights (bytes)"});
     }
   }
   if (D.job && (D.state === "queued" || D.state === "running")) {
