@@ -54,6 +54,7 @@ from mpsearch.quantize import Quantizer
 from mpsearch.rundir import Baseline, Front, FrontPoint, RunDir
 from mpsearch.runtime import create_session, ort_version
 from mpsearch.search import (
+    MEASURE_ABOVE,
     SearchResult,
     TrialRecord,
     check_resume,
@@ -288,7 +289,8 @@ def search_run(
         if spec.analysis:  # the report's node-level views; the search reuses every row
             analysis = analyze(measurer, formats=spec.formats, samples=spec.sensitivity_limit,
                                reverse_top=REPORT_VIEW_NODES,
-                               curve_max_steps=REPORT_VIEW_NODES, progress=progress)
+                               curve_max_steps=REPORT_VIEW_NODES,
+                               measure_above=MEASURE_ABOVE, progress=progress)
             write_analysis(run, analysis, prepared)
         result = run_search(measurer, prepared.summary, spec, run_dir=run.path, resume=resume,
                             inputs=inputs, progress=progress)

@@ -17,7 +17,7 @@ from mpsearch.demo import DEMO_DATA, DEMO_MODEL
 from mpsearch.errors import SearchError
 from mpsearch.pipeline import REPORT_VIEW_NODES, SearchRun, search_run
 from mpsearch.rundir import Front, RunDir
-from mpsearch.search import group_nodes
+from mpsearch.search import MEASURE_ABOVE, group_nodes
 from mpsearch.spec import SearchSpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,8 +63,17 @@ def test_report_views_are_bounded_and_say_so(searched: SearchRun) -> None:
         steps = [p.step for p in analysis.curve if p.order == order]
         assert steps == [0, *curve_steps(nodes, REPORT_VIEW_NODES)] and steps[-1] == nodes
     search_split = (450 - 64) // 2  # the demo's samples less calibration, half held out
+    lowest = {r.node: r for r in analysis.sensitivity if r.format == "int8"}
+    cost = {n: 10 ** (-r.sqnr / 10) + max(r.drop or 0.0, 0.0) for n, r in lowest.items()
+            if r.sqnr is not None}
+    floor = MEASURE_ABOVE * max(cost.values())
+    upper = {r.node for r in analysis.sensitivity if r.format == "int16"}
+    assert upper == {n for n, c in cost.items() if c >= floor and c > 0} and 0 < len(upper) < nodes
+    rows = len(analysis.sensitivity)
     assert analysis.notes == (
         f"every configuration measured on the first 64 of {search_split} samples",
+        "higher formats measured only where the lowest costs at least 10% of the worst "
+        f"node's ({rows} of {2 * nodes} rows)",
         f"reverse view: the {REPORT_VIEW_NODES} most sensitive of {nodes} nodes",
         f"curves: {REPORT_VIEW_NODES} evenly spaced of {nodes} steps")
     html = write_report(searched.run_dir).read_text()

@@ -248,7 +248,7 @@ def analyze(
     reverse: bool | None = None, curve: bool | None = None, distributions: bool = True,
     thresholds: Thresholds | None = None, samples: int | None = None, proxy_samples: int = 32,
     reverse_top: int | None = None, curve_max_steps: int | None = None,
-    progress: Reporter | None = None,
+    measure_above: float | None = None, progress: Reporter | None = None,
 ) -> Analysis:
     """Per-node sensitivity (end to end, or the fast ``proxy``), reverse view, curve and
     distributions, every configuration measured by ``measurer`` on its first ``samples``
@@ -256,9 +256,11 @@ def analyze(
 
     ``formats`` defaults to every lower-precision format of the profile. ``reverse`` and
     ``curve`` default to on, except in proxy mode (meant for models too large for them).
-    ``reverse_top`` restores only that many nodes, the most sensitive first, and
-    ``curve_max_steps`` measures that many evenly spaced steps of each curve: bounded report
-    views, named in :attr:`Analysis.notes`.
+    ``reverse_top`` restores only that many nodes, the most sensitive first,
+    ``curve_max_steps`` measures that many evenly spaced steps of each curve, and
+    ``measure_above`` measures a node's higher formats only where its lowest one costs that
+    fraction of the worst node's (:func:`measure_sensitivity`): bounded views, named in
+    :attr:`Analysis.notes`.
     """
     start = time.perf_counter()
     before = measurer.evaluations
@@ -271,7 +273,8 @@ def analyze(
     if proxy:
         rows = _proxy_rows(measurer, targets, proxy_samples, order, progress)
     else:
-        rows = measure_sensitivity(measurer, targets, order, samples=samples, progress=progress)
+        rows = measure_sensitivity(measurer, targets, order, samples=samples,
+                                   measure_above=measure_above, progress=progress)
     rows = rank_sensitivity(rows, thresholds)
     lowest = {node.name: fmts[0] for node, fmts in targets}
     orders = _orders(rows, lowest, order)
@@ -279,6 +282,10 @@ def analyze(
     if samples is not None and samples < len(measurer.data):
         notes.append(f"every configuration measured on the first {samples} of "
                      f"{len(measurer.data)} samples")
+    pairs = sum(len(fmts) for _, fmts in targets)
+    if not proxy and len(rows) < pairs:
+        notes.append(f"higher formats measured only where the lowest costs at least "
+                     f"{measure_above:.0%} of the worst node's ({len(rows)} of {pairs} rows)")
     restored = [n for n, _ in targets]
     if reverse_top is not None and reverse_top < len(restored):
         top = set(orders["sensitivity"][::-1][:reverse_top])

@@ -57,6 +57,14 @@ class Measurement:
     def seconds(self) -> float:
         return self.build_s + self.session_s + self.eval_s
 
+    def cost(self, fp32: float, higher_is_better: bool) -> float:
+        """What quantizing cost against the FP32 metric ``fp32``: the relative output noise
+        power (from the SQNR) plus the metric's loss (never negative); 0 when identical."""
+        sqnr = self.metrics.get("sqnr", math.inf)
+        noise = 0.0 if not math.isfinite(sqnr) else 10.0 ** (-sqnr / 10.0)
+        loss = fp32 - self.value if higher_is_better else self.value - fp32
+        return noise + max(loss, 0.0)
+
     def to_dict(self) -> dict[str, Any]:
         return {"metrics": dict(self.metrics), "primary": self.primary, "kl": self.kl,
                 "samples": self.samples, "build_s": self.build_s,

@@ -129,21 +129,38 @@ def lower_formats(
 
 def measure_sensitivity(
     measurer: Measurer, targets: Sequence[tuple[Node, tuple[str, ...]]],
-    order: Mapping[str, int], *, samples: int | None = None, progress: Reporter | None = None,
+    order: Mapping[str, int], *, samples: int | None = None, measure_above: float | None = None,
+    progress: Reporter | None = None,
 ) -> tuple[NodeSensitivity, ...]:
     """Each (node, format) of ``targets`` quantized alone, on the first ``samples`` samples;
-    unranked rows in topological order."""
+    unranked rows in topological order.
+
+    With ``measure_above``, a node's higher formats are measured only where its lowest format
+    costs (:meth:`Measurement.cost`) at least that fraction of the largest lowest-format cost:
+    a node that barely notices INT8 has no INT16 row.
+    """
     fp32 = measurer.fp32(samples)
     higher = measurer.higher_is_better
-    pairs = [(node, fmt) for node, fmts in targets for fmt in fmts]
+    lowest = [(node, fmts[0]) for node, fmts in targets]
+    measured = {(n.name, f): measurer.measure({n.name: f}, samples=samples)
+                for n, f in steps(lowest, "sensitivity", progress, unit="cfg")}
+    costs = {n: m.cost(fp32.value, higher) for (n, _), m in measured.items()}
+    floor = 0.0 if measure_above is None else measure_above * max(costs.values(), default=0.0)
+    upper = [(node, fmt) for node, fmts in targets for fmt in fmts[1:]
+             if measure_above is None or (costs[node.name] >= floor and costs[node.name] > 0)]
+    for node, fmt in steps(upper, "sensitivity (higher formats)", progress, unit="cfg"):
+        measured[(node.name, fmt)] = measurer.measure({node.name: fmt}, samples=samples)
     rows = []
-    for node, fmt in steps(pairs, "sensitivity", progress, unit="cfg"):
-        m = measurer.measure({node.name: fmt}, samples=samples)
-        rows.append(NodeSensitivity(
-            node=node.name, op_type=node.op_type, format=fmt, index=order[node.name],
-            metric=m.value, drop=worsening(fp32.value, m.value, higher), sqnr=m.sqnr,
-            mse=m.metrics.get("mse"), cosine=m.metrics.get("cosine"), kl=m.kl,
-            seconds=m.seconds))
+    for node, fmts in targets:
+        for fmt in fmts:
+            m = measured.get((node.name, fmt))
+            if m is None:
+                continue
+            rows.append(NodeSensitivity(
+                node=node.name, op_type=node.op_type, format=fmt, index=order[node.name],
+                metric=m.value, drop=worsening(fp32.value, m.value, higher), sqnr=m.sqnr,
+                mse=m.metrics.get("mse"), cosine=m.metrics.get("cosine"), kl=m.kl,
+                seconds=m.seconds))
     return tuple(rows)
 
 

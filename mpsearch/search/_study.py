@@ -105,11 +105,7 @@ class _Objective:
         before = self.measurer.evaluations
         result = self.measurer.measure(dict.fromkeys(group.nodes, fmt), samples=samples)
         self.evaluations += self.measurer.evaluations - before
-        sqnr = result.metrics.get("sqnr", math.inf)
-        noise = 0.0 if not math.isfinite(sqnr) else 10.0 ** (-sqnr / 10.0)
-        reference = self.measurer.fp32(samples).value
-        sign = 1.0 if self.higher else -1.0
-        return noise + max(sign * (reference - result.value), 0.0)
+        return result.cost(self.measurer.fp32(samples).value, self.higher)
 
     def assignment(self, choice: Mapping[str, int]) -> dict[str, str]:
         formats: dict[str, str] = {}

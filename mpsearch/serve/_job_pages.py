@@ -48,7 +48,7 @@ _HELP = {
     "max_metric_drop": "largest loss of the metric against FP32 a configuration may have "
                        "to count (0.01 = one point of accuracy); empty: no limit",
     "sensitivity_samples": "samples the per-node analysis measures each node on; fewer is "
-                           "faster and noisier; empty: all of the search split",
+                           "faster and noisier; empty: 64 (as the CLI)",
     "analysis": "before the search, measure each node alone in each format (sensitivity, "
                 "range histograms, accuracy-size curve) for the report and to seed the search",
     "trials": "configurations the search builds and measures; more finds a fuller front",

@@ -199,7 +199,7 @@ def write_spec(run_dir: Path, config: JobConfig, *, title: str) -> tuple[str, ..
         objectives=("metric", "size", "latency") if config.latency else ("metric", "size"),
         max_metric_drop=config.max_metric_drop, trials=config.trials, seed=config.seed,
         method=config.method, formats=config.formats, analysis=config.node_analysis,
-        sensitivity_limit=config.sensitivity_samples)
+    ).with_overrides(sensitivity_limit=config.sensitivity_samples)  # empty: the default
     run = RunDir(run_dir)
     header = (f"# {title}\n# Written by `mpsearch serve`; rerun it from the command line with\n"
               f"#   mpsearch search spec.yaml --out {run_dir}-cli\n")
