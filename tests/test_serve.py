@@ -726,3 +726,33 @@ def test_cli_serve_on_ipv6_loopback(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
     assert proc.returncode == 0
+
+
+HOSTILE = Path(__file__).parent / "hostile"
+
+
+@pytest.mark.parametrize(("kind", "name"), [
+    ("model", "constant_of_shape_bomb.onnx"),
+    ("data", "npz_bomb.npz"), ("data", "npz_header_lie.npz"), ("data", "truncated.npz"),
+    ("data", "nan.npz"), ("data", "pil_bomb/bomb.png"), ("data", "png_bomb/bomb.png"),
+    ("profile", "non_utf8_profile.yaml"),
+])
+def test_hostile_corpus_uploads_get_a_readable_4xx(client: TestClient, tiny: tuple[Path, Path],
+                                                    tmp_path: Path, kind: str, name: str
+                                                    ) -> None:
+    """Every file of tests/hostile/ that a person can upload: a 4xx with one sentence naming
+    no server path, never a 500, and nothing kept."""
+    payload = (HOSTILE / name).read_bytes()
+    filename = Path(name).name
+    if kind == "model":
+        response = _upload(client, "/models", filename, payload)
+    else:
+        model = _model(client, tiny[0])
+        url = f"/models/{model}/data" if kind == "data" else f"/models/{model}/profiles"
+        response = _upload(client, url, filename, payload)
+    assert 400 <= response.status_code < 500, (response.status_code, response.text)
+    error = response.json()["error"]
+    assert "\n" not in error and str(tmp_path) not in error and "Traceback" not in error
+    work = tmp_path / "work"
+    assert len(_left(work, "models")) == (0 if kind == "model" else 1)  # the tiny model only
+    assert _left(work, "data") == [] and _left(work, "profiles") == []
