@@ -14,6 +14,7 @@ import io
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -196,7 +197,7 @@ def _leading_comments(lines: Sequence[str]) -> list[str]:
 class RunDir:
     """The files of one run directory (see the README's "Run directory")."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         p = self.path
         self.spec_yaml = p / "spec.yaml"

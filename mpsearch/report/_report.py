@@ -25,14 +25,15 @@ from mpsearch._io import atomic_write
 from mpsearch.errors import MpsearchError
 from mpsearch.report import _figures as figs
 from mpsearch.report._page import CLASS_COLORS, format_color, render_page
+from mpsearch.rundir import RunDir
 
 __all__ = ["MAX_DISTRIBUTION_NODES", "RunFiles", "load_run", "render_report", "write_report"]
 
 logger = logging.getLogger(__name__)
 
 MAX_DISTRIBUTION_NODES = 200
-_FILES = ("run.json", "summary.json", "profile.json", "sensitivity.json", "distributions.json",
-          "curve.json", "front.json")
+_FILES = ("run_json", "summary_json", "profile_json", "sensitivity_json", "distributions_json",
+          "curve_json", "front_json")  # RunDir attributes; the loaded files keep their names
 
 RunFiles = dict[str, Any]
 
@@ -76,11 +77,13 @@ def load_run(run_dir: str | os.PathLike[str]) -> RunFiles:
     if not root.is_dir():
         raise MpsearchError(f"{root}: no such run directory; give the directory `mpsearch "
                             "search` or `mpsearch analyze` wrote")
-    files: RunFiles = {name: _read_json(root / name) for name in _FILES}
-    files["trials.csv"] = _read_trials(root / "trials.csv")
-    if all(files[name] is None for name in _FILES):
-        raise MpsearchError(f"{root}: none of {', '.join(_FILES)} is there; is it a run "
-                            "directory?")
+    run = RunDir(root)
+    paths = [getattr(run, attribute) for attribute in _FILES]
+    files: RunFiles = {path.name: _read_json(path) for path in paths}
+    files[run.trials_csv.name] = _read_trials(run.trials_csv)
+    if all(files[path.name] is None for path in paths):
+        raise MpsearchError(f"{root}: none of {', '.join(p.name for p in paths)} is there; is "
+                            "it a run directory?")
     return files
 
 
@@ -271,7 +274,7 @@ def render_report(run_dir: str | os.PathLike[str]) -> str:
 def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None
                  ) -> Path:
     """Write the report of ``run_dir`` to ``out`` (default ``RUN_DIR/report.html``)."""
-    path = Path(out) if out is not None else Path(run_dir) / "report.html"
+    path = Path(out) if out is not None else RunDir(run_dir).report_html
     text = render_report(run_dir)
     atomic_write(path, text.encode())
     logger.info("report: wrote %s (%.1f MB)", path, len(text.encode()) / 1e6)

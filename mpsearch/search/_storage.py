@@ -21,6 +21,7 @@ from optuna.storages.journal import JournalFileBackend
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from mpsearch.errors import SearchError
+from mpsearch.rundir import RunDir
 from mpsearch.spec import SearchSpec
 
 __all__ = ["SAMPLERS", "check_inputs", "check_resume", "make_sampler", "open_study",
@@ -77,7 +78,7 @@ def _journal(path: Path) -> optuna.storages.BaseStorage:
 def _storage(url: str | None, run_dir: Path) -> optuna.storages.BaseStorage:
     if url is None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        return _journal(run_dir / "study.journal")
+        return _journal(RunDir(run_dir).journal)
     if "://" not in url:  # a journal file path
         return _journal(Path(url))
     if url.startswith(("postgresql://", "postgres://")):  # the driver mpsearch[postgres] installs
@@ -134,7 +135,7 @@ def open_study(
 
 def _existing(spec: SearchSpec, run_dir: Path) -> optuna.Study | None:
     """The spec's study when it exists already (in the run directory or a shared storage)."""
-    if spec.storage is None and not (run_dir / "study.journal").is_file():
+    if spec.storage is None and not RunDir(run_dir).journal.is_file():
         return None
     try:
         return optuna.load_study(study_name=spec.study or "mpsearch",

@@ -44,6 +44,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from mpsearch.errors import MpsearchError
+from mpsearch.rundir import RunDir
 from mpsearch.serve import _pages as pages
 from mpsearch.serve._access import Access, new_token
 from mpsearch.serve._choices import Choices, bundled_files, demo_names
@@ -266,8 +267,8 @@ class _App:
         run_dir = self.queue.run_dir(job.id)
         html = job_page(job, progress=status["progress"], **results,
                         has_report=job.state not in ACTIVE
-                        and (run_dir / "report.html").is_file(),
-                        has_profile=(run_dir / "hw_profile.yaml").is_file(),
+                        and RunDir(run_dir).report_html.is_file(),
+                        has_profile=RunDir(run_dir).hw_profile_yaml.is_file(),
                         run_dir=str(run_dir), position=status["position"])
         return HTMLResponse(html)
 
