@@ -50,6 +50,7 @@ from mpsearch.graph import ModelGraph, load_model
 from mpsearch.profiles import HardwareProfile, check_profile_for_cpu, load_profile
 from mpsearch.progress import Reporter
 from mpsearch.quantize import Quantizer
+from mpsearch.recovery import CorrectedQuantizer, InputMeans, equalize, input_means
 from mpsearch.rundir import Baseline, Front, FrontPoint, RunDir
 from mpsearch.runtime import create_session, ort_version
 from mpsearch.search import SearchResult, TrialRecord, group_nodes, run_search, seed_assignments
@@ -79,8 +80,12 @@ class Prepared:
     validation: Dataset
     table: CalibrationTable
     method: str
+    means: InputMeans | None = None  # set when builds are bias-corrected
 
     def quantizer(self) -> Quantizer:
+        if self.means is not None:
+            return CorrectedQuantizer(self.graph, self.table, self.profile, means=self.means,
+                                      method=self.method)
         return Quantizer(self.graph, self.table, self.profile, method=self.method)
 
 
@@ -105,11 +110,17 @@ def prepare_inputs(
     threads: int = 2,
     cache_dir: str | os.PathLike[str] | None = None,
     progress: Reporter | None = None,
+    cle: bool = False,
+    bias_correction: bool = False,
 ) -> Prepared:
     """Load and check the inputs (objects or paths), split the data and calibrate once (or
     load the table cached in ``cache_dir``); ``batch_size`` None sizes the calibration
-    batches from a memory budget (:func:`mpsearch.calibrate`)."""
+    batches from a memory budget (:func:`mpsearch.calibrate`). ``cle`` equalizes the graph
+    before calibration; ``bias_correction`` corrects every build from the calibration split
+    (:mod:`mpsearch.recovery`)."""
     graph = model if isinstance(model, ModelGraph) else load_model(model)
+    if cle:
+        graph = equalize(graph)
     hw = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
     dataset = data if isinstance(data, Dataset) else load_data(data)
     check_signature(dataset, graph)
@@ -125,8 +136,9 @@ def prepare_inputs(
     else:
         table = calibrate(graph, calib, **options)
     logger.info("calibrated %d tensors on %d samples", len(table.tensors), len(calib))
+    means = input_means(graph, calib, threads=threads) if bias_correction else None
     return Prepared(graph=graph, summary=summarize(graph), profile=hw, calibration=calib,
-                    validation=valid, table=table, method=method)
+                    validation=valid, table=table, method=method, means=means)
 
 
 def prepare(spec: SearchSpec, run_dir: RunDir | str | Path | None = None, *,
@@ -136,7 +148,8 @@ def prepare(spec: SearchSpec, run_dir: RunDir | str | Path | None = None, *,
     return prepare_inputs(spec.model, spec.profile, spec.data,
                           calibration_samples=spec.calibration_samples, method=spec.method,
                           seed=spec.data_seed, threads=spec.threads,
-                          cache_dir=None if run is None else run.calibration, progress=progress)
+                          cache_dir=None if run is None else run.calibration, progress=progress,
+                          cle=spec.cle, bias_correction=spec.bias_correction)
 
 
 def _rundir(run_dir: RunDir | str | Path) -> RunDir:
@@ -159,7 +172,8 @@ def _measurer(prepared: Prepared, data: Dataset, run: RunDir | None, name: str, 
            "table": prepared.table.data_fingerprint, "data": data.fingerprint,
            "samples": len(data), "profile": prepared.profile.name,
            "profile_digest": hashlib.sha256(profile_text.encode()).hexdigest()[:16],
-           "method": prepared.method, "metric": metric, "onnxruntime": ort_version()}
+           "method": prepared.method, "metric": metric, "onnxruntime": ort_version(),
+           "bias_correction": prepared.means is not None}
     cache = None if run is None else run.measurement_cache(name, key)
     return Measurer(prepared.quantizer(), data, metric=metric, batch_size=batch_size,
                     threads=threads, cache=cache, on_new=None if cache is None else cache.changed)
@@ -415,7 +429,8 @@ def quantize_one(spec: SearchSpec, out: str | Path, *, uniform: str | None = Non
               else load_assignment(str(assignment), graph, profile))  # before any work
     prepared = prepare_inputs(graph, profile, spec.data,
                               calibration_samples=spec.calibration_samples, method=spec.method,
-                              seed=spec.data_seed, threads=spec.threads, progress=progress)
+                              seed=spec.data_seed, threads=spec.threads, progress=progress,
+                              cle=spec.cle, bias_correction=spec.bias_correction)
     return _build(prepared, chosen, out, prepared.validation, spec)
 
 
