@@ -24,15 +24,20 @@ import onnx
 from mpsearch import __version__
 from mpsearch._io import write_json, write_model
 from mpsearch.analysis import (
+    PROPORTION_METRICS,
     SCHEMA,
     STAT_COLUMNS,
     Analysis,
     CurvePoint,
+    Measurement,
     Measurer,
     NodeSensitivity,
     RestoreGain,
     Thresholds,
     analyze,
+    bootstrap_interval,
+    dominated_flags,
+    wilson_interval,
 )
 from mpsearch.assignment import (
     Assignment,
@@ -324,10 +329,15 @@ def _held_out_front(prepared: Prepared, spec: SearchSpec, result: SearchResult,
     points = []
     for index, record in enumerate(result.front):
         assignment = make_assignment(graph, profile, record.assignment)
-        points.append(_point(record, index, held.measure(assignment).metrics,
-                             held.evaluator.primary.name, int8, searched,
-                             _relative(estimate_latency(graph, summary, profile, assignment),
-                                       fp32)))
+        measured = held.measure(assignment)
+        point = _point(record, index, measured.metrics, held.evaluator.primary.name, int8,
+                       searched, _relative(estimate_latency(graph, summary, profile, assignment),
+                                           fp32))
+        points.append(replace(point, interval=_interval(held, assignment, measured, spec.seed)))
+    timed = "latency" in spec.objectives
+    flags = dominated_flags([(p.metric, p.size, p.latency if timed else None) for p in points],
+                            higher_is_better=held.higher_is_better)
+    points = [replace(p, dominated=flag) for p, flag in zip(points, flags, strict=True)]
     uniform = {}
     for fmt in profile.formats:
         if fmt == profile.default_format:
@@ -343,6 +353,21 @@ def _held_out_front(prepared: Prepared, spec: SearchSpec, result: SearchResult,
                  higher_is_better=searched_by.higher_is_better, objectives=spec.objectives,
                  fp32=fp32, uniform=uniform, points=tuple(points),
                  evaluations=result.evaluations, seconds=result.seconds, timing=result.timing)
+
+
+def _interval(held: Measurer, assignment: Assignment, measured: Measurement, seed: int
+              ) -> tuple[float, float] | None:
+    """95 % interval of a held-out measurement: Wilson for accuracy-like metrics (k of n
+    samples), else a bootstrap over the samples of a second pass of the built model."""
+    value, samples = measured.value, measured.samples
+    if value != value or samples <= 0:
+        return None
+    if measured.primary in PROPORTION_METRICS:
+        return wilson_interval(round(value * samples), samples)
+    evaluator = held.evaluator
+    outputs = evaluator.outputs(held.quantizer.build(assignment))
+    return bootstrap_interval(evaluator.primary.fn, outputs, evaluator.reference,
+                              evaluator.data.labels, seed=seed)
 
 
 def _point(record: TrialRecord, index: int, metrics: Mapping[str, float], primary: str,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mpsearch import load_model, load_profile, write_report
-from mpsearch.analysis import assignment_key
+from mpsearch.analysis import assignment_key, dominated_flags, wilson_interval
 from mpsearch.analysis._analysis import curve_steps
 from mpsearch.demo import DEMO_DATA, DEMO_MODEL
 from mpsearch.pipeline import REPORT_VIEW_NODES, SearchRun, search_run
@@ -82,6 +82,14 @@ def test_front_json_round_trips_through_rundir(searched: SearchRun) -> None:
     assert isinstance(front, Front) and front == searched.front
     assert json.loads(run.front_json.read_text()) == front.to_dict()
     assert front.objectives == ("metric", "size")
+    held = json.loads(run.measurements.read_text())["splits"]["held-out"]["entries"]
+    (n,) = {entry["samples"] for entry in held.values()}
+    for point in front.points:  # accuracy: Wilson interval of k correct of the held-out n
+        assert point.interval == wilson_interval(round(point.metric * n), n)
+        assert point.interval[0] <= point.metric <= point.interval[1]
+    flags = dominated_flags([(p.metric, p.size, None) for p in front.points],
+                            higher_is_better=True)
+    assert tuple(p.dominated for p in front.points) == flags
     spec = load_spec(run.spec_yaml)  # the run directory's spec reads back as the same spec
     assert dataclasses.replace(spec, path=None) == _spec()
 
@@ -112,3 +120,9 @@ def test_max_metric_drop_binds_a_lower_is_better_metric(tmp_path: Path) -> None:
     assert run.front.points
     assert all(p.search_metric is not None and p.search_metric <= 1e-4
                for p in run.front.points)
+    for point in run.front.points:  # mse: a bootstrap interval over the held-out samples
+        assert point.interval is not None and point.interval[0] <= point.interval[1]
+        if point.metric == 0.0:  # the FP32 model itself: every resample scores 0
+            assert point.interval == (0.0, 0.0)
+        else:
+            assert point.interval[0] < point.metric < point.interval[1]
