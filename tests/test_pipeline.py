@@ -7,13 +7,22 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
+from onnx import numpy_helper
 
 from mpsearch import load_model, load_profile, write_report
 from mpsearch.analysis import assignment_key, dominated_flags, wilson_interval
 from mpsearch.analysis._analysis import curve_steps
 from mpsearch.demo import DEMO_DATA, DEMO_MODEL
-from mpsearch.pipeline import REPORT_VIEW_NODES, SearchRun, search_run
+from mpsearch.pipeline import (
+    REPORT_VIEW_NODES,
+    SearchRun,
+    export_point,
+    prepare_inputs,
+    search_run,
+)
 from mpsearch.rundir import Front, RunDir
 from mpsearch.search import group_nodes
 from mpsearch.spec import SearchSpec, load_spec
@@ -126,3 +135,24 @@ def test_max_metric_drop_binds_a_lower_is_better_metric(tmp_path: Path) -> None:
             assert point.interval == (0.0, 0.0)
         else:
             assert point.interval[0] < point.metric < point.interval[1]
+
+
+def test_recovery_runs_through_search_and_export(tmp_path: Path) -> None:
+    """recovery: {cle, bias_correction} reaches the run's spec, keys its measurements and makes
+    the exported model the bias-corrected build (only int32 bias codes differ from plain)."""
+    spec = _spec(trials=4, analysis=False, cle=True, bias_correction=True)
+    run = search_run(spec, tmp_path / "run")
+    rundir = RunDir(run.run_dir)
+    saved = load_spec(rundir.spec_yaml)
+    assert (saved.cle, saved.bias_correction) == (True, True)
+    splits = json.loads(rundir.measurements.read_text())["splits"]
+    assert splits["search"]["key"]["bias_correction"] is True
+    built = export_point(run.run_dir, 0, tmp_path / "point.onnx")
+    ours = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(built.path)).graph.initializer}
+    plain = prepare_inputs(spec.model, spec.profile, spec.data,
+                           calibration_samples=spec.calibration_samples, seed=spec.data_seed,
+                           cle=True).quantizer().build(built.assignment)
+    reference = {t.name: numpy_helper.to_array(t) for t in plain.graph.initializer}
+    assert ours.keys() == reference.keys()
+    differ = sorted(n for n in ours if not np.array_equal(ours[n], reference[n]))
+    assert differ and all(n.endswith("__int32_q") for n in differ)
