@@ -169,6 +169,10 @@ class Evaluator:
     def session(self, model: onnx.ModelProto | bytes) -> Session:
         return create_session(model, threads=self.threads, label="candidate")
 
+    def outputs(self, model: onnx.ModelProto | bytes | Session) -> np.ndarray:
+        """The primary output of ``model`` on every sample (rows aligned with ``reference``)."""
+        return self._outputs(model if isinstance(model, Session) else self.session(model))
+
     def evaluate(
         self, model: onnx.ModelProto | bytes | Session, *, limit: int | None = None,
         require_finite: bool = False,

@@ -24,15 +24,20 @@ import onnx
 from mpsearch import __version__
 from mpsearch._io import write_json, write_model
 from mpsearch.analysis import (
+    PROPORTION_METRICS,
     SCHEMA,
     STAT_COLUMNS,
     Analysis,
     CurvePoint,
+    Measurement,
     Measurer,
     NodeSensitivity,
     RestoreGain,
     Thresholds,
     analyze,
+    bootstrap_interval,
+    dominated_flags,
+    wilson_interval,
 )
 from mpsearch.assignment import (
     Assignment,
@@ -51,6 +56,7 @@ from mpsearch.graph import ModelGraph, load_model
 from mpsearch.profiles import HardwareProfile, check_profile_for_cpu, load_profile
 from mpsearch.progress import Reporter
 from mpsearch.quantize import Quantizer
+from mpsearch.recovery import CorrectedQuantizer, InputMeans, equalize, input_means
 from mpsearch.rundir import Baseline, Front, FrontPoint, RunDir
 from mpsearch.runtime import create_session, ort_version
 from mpsearch.search import (
@@ -88,8 +94,12 @@ class Prepared:
     validation: Dataset
     table: CalibrationTable
     method: str
+    means: InputMeans | None = None  # set when builds are bias-corrected
 
     def quantizer(self) -> Quantizer:
+        if self.means is not None:
+            return CorrectedQuantizer(self.graph, self.table, self.profile, means=self.means,
+                                      method=self.method)
         return Quantizer(self.graph, self.table, self.profile, method=self.method)
 
 
@@ -114,11 +124,17 @@ def prepare_inputs(
     threads: int = 2,
     cache_dir: str | os.PathLike[str] | None = None,
     progress: Reporter | None = None,
+    cle: bool = False,
+    bias_correction: bool = False,
 ) -> Prepared:
     """Load and check the inputs (objects or paths), split the data and calibrate once (or
     load the table cached in ``cache_dir``); ``batch_size`` None sizes the calibration
-    batches from a memory budget (:func:`mpsearch.calibrate`)."""
+    batches from a memory budget (:func:`mpsearch.calibrate`). ``cle`` equalizes the graph
+    before calibration; ``bias_correction`` corrects every build from the calibration split
+    (:mod:`mpsearch.recovery`)."""
     graph = model if isinstance(model, ModelGraph) else load_model(model)
+    if cle:
+        graph = equalize(graph)
     hw = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
     dataset = data if isinstance(data, Dataset) else load_data(data)
     check_signature(dataset, graph)
@@ -134,8 +150,9 @@ def prepare_inputs(
     else:
         table = calibrate(graph, calib, **options)
     logger.info("calibrated %d tensors on %d samples", len(table.tensors), len(calib))
+    means = input_means(graph, calib, threads=threads) if bias_correction else None
     return Prepared(graph=graph, summary=summarize(graph), profile=hw, calibration=calib,
-                    validation=valid, table=table, method=method)
+                    validation=valid, table=table, method=method, means=means)
 
 
 def prepare(spec: SearchSpec, run_dir: RunDir | str | Path | None = None, *,
@@ -145,7 +162,8 @@ def prepare(spec: SearchSpec, run_dir: RunDir | str | Path | None = None, *,
     return prepare_inputs(spec.model, spec.profile, spec.data,
                           calibration_samples=spec.calibration_samples, method=spec.method,
                           seed=spec.data_seed, threads=spec.threads,
-                          cache_dir=None if run is None else run.calibration, progress=progress)
+                          cache_dir=None if run is None else run.calibration, progress=progress,
+                          cle=spec.cle, bias_correction=spec.bias_correction)
 
 
 def _rundir(run_dir: RunDir | str | Path) -> RunDir:
@@ -168,7 +186,8 @@ def _measurer(prepared: Prepared, data: Dataset, run: RunDir | None, name: str, 
            "table": prepared.table.data_fingerprint, "data": data.fingerprint,
            "samples": len(data), "profile": prepared.profile.name,
            "profile_digest": hashlib.sha256(profile_text.encode()).hexdigest()[:16],
-           "method": prepared.method, "metric": metric, "onnxruntime": ort_version()}
+           "method": prepared.method, "metric": metric, "onnxruntime": ort_version(),
+           "bias_correction": prepared.means is not None}
     cache = None if run is None else run.measurement_cache(name, key)
     return Measurer(prepared.quantizer(), data, metric=metric, batch_size=batch_size,
                     threads=threads, cache=cache, on_new=None if cache is None else cache.changed)
@@ -355,10 +374,15 @@ def _held_out_front(prepared: Prepared, spec: SearchSpec, result: SearchResult,
     points = []
     for index, record in enumerate(result.front):
         assignment = make_assignment(graph, profile, record.assignment)
-        points.append(_point(record, index, held.measure(assignment).metrics,
-                             held.evaluator.primary.name, int8, searched,
-                             _relative(estimate_latency(graph, summary, profile, assignment),
-                                       fp32)))
+        measured = held.measure(assignment)
+        point = _point(record, index, measured.metrics, held.evaluator.primary.name, int8,
+                       searched, _relative(estimate_latency(graph, summary, profile, assignment),
+                                           fp32))
+        points.append(replace(point, interval=_interval(held, assignment, measured, spec.seed)))
+    timed = "latency" in spec.objectives
+    flags = dominated_flags([(p.metric, p.size, p.latency if timed else None) for p in points],
+                            higher_is_better=held.higher_is_better)
+    points = [replace(p, dominated=flag) for p, flag in zip(points, flags, strict=True)]
     uniform = {}
     for fmt in profile.formats:
         if fmt == profile.default_format:
@@ -374,6 +398,21 @@ def _held_out_front(prepared: Prepared, spec: SearchSpec, result: SearchResult,
                  higher_is_better=searched_by.higher_is_better, objectives=spec.objectives,
                  fp32=fp32, uniform=uniform, points=tuple(points),
                  evaluations=result.evaluations, seconds=result.seconds, timing=result.timing)
+
+
+def _interval(held: Measurer, assignment: Assignment, measured: Measurement, seed: int
+              ) -> tuple[float, float] | None:
+    """95 % interval of a held-out measurement: Wilson for accuracy-like metrics (k of n
+    samples), else a bootstrap over the samples of a second pass of the built model."""
+    value, samples = measured.value, measured.samples
+    if value != value or samples <= 0:
+        return None
+    if measured.primary in PROPORTION_METRICS:
+        return wilson_interval(round(value * samples), samples)
+    evaluator = held.evaluator
+    outputs = evaluator.outputs(held.quantizer.build(assignment))
+    return bootstrap_interval(evaluator.primary.fn, outputs, evaluator.reference,
+                              evaluator.data.labels, seed=seed)
 
 
 def _point(record: TrialRecord, index: int, metrics: Mapping[str, float], primary: str,
@@ -460,7 +499,8 @@ def quantize_one(spec: SearchSpec, out: str | Path, *, uniform: str | None = Non
               else load_assignment(str(assignment), graph, profile))  # before any work
     prepared = prepare_inputs(graph, profile, spec.data,
                               calibration_samples=spec.calibration_samples, method=spec.method,
-                              seed=spec.data_seed, threads=spec.threads, progress=progress)
+                              seed=spec.data_seed, threads=spec.threads, progress=progress,
+                              cle=spec.cle, bias_correction=spec.bias_correction)
     return _build(prepared, chosen, out, prepared.validation, spec)
 
 

@@ -85,7 +85,9 @@ class FrontPoint:
 
     ``metric`` is measured on the held-out split, ``search_metric`` on the search split;
     ``counts`` tallies the searched nodes per format; ``differs_from_int8`` lists the nodes
-    whose format differs from uniform INT8.
+    whose format differs from uniform INT8. ``interval`` is the 95 % interval of ``metric``
+    (Wilson for accuracy-like metrics, bootstrap over samples otherwise; None when unknown);
+    ``dominated`` is True when another front point beats this one on the held-out re-measure.
     """
 
     index: int
@@ -99,11 +101,14 @@ class FrontPoint:
     counts: Mapping[str, int]
     differs_from_int8: tuple[str, ...]
     source: str
+    interval: tuple[float, float] | None = None
+    dominated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["metrics"], data["assignment"] = dict(self.metrics), dict(self.assignment)
         data["counts"], data["differs_from_int8"] = dict(self.counts), list(self.differs_from_int8)
+        data["interval"] = None if self.interval is None else list(self.interval)
         return data
 
     @classmethod
@@ -114,7 +119,15 @@ class FrontPoint:
                    metrics=dict(data.get("metrics", {})), assignment=dict(data["assignment"]),
                    counts=dict(data.get("counts", {})),
                    differs_from_int8=tuple(data.get("differs_from_int8", ())),
-                   source=str(data.get("source", "")))
+                   source=str(data.get("source", "")), interval=_interval(data.get("interval")),
+                   dominated=bool(data.get("dominated", False)))
+
+
+def _interval(value: Any) -> tuple[float, float] | None:
+    if value is None:
+        return None
+    low, high = value
+    return (math.nan if low is None else float(low), math.nan if high is None else float(high))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -275,11 +288,12 @@ class RunDir:
     def write_front(self, front: Front) -> None:
         write_json(self.front_json, front.to_dict())
         _csv(self.front_csv,
-             ["index", "trial", "metric", "search_metric", "size", "latency", "counts",
-              "differs_from_int8", "assignment"],
-             [[p.index, p.trial, p.metric, p.search_metric, p.size, p.latency,
-               json.dumps(dict(p.counts)), " ".join(p.differs_from_int8),
-               json.dumps(dict(p.assignment))] for p in front.points])
+             ["index", "trial", "metric", "metric_low", "metric_high", "dominated",
+              "search_metric", "size", "latency", "counts", "differs_from_int8", "assignment"],
+             [[p.index, p.trial, p.metric, *(p.interval or (None, None)), p.dominated,
+               p.search_metric, p.size, p.latency, json.dumps(dict(p.counts)),
+               " ".join(p.differs_from_int8), json.dumps(dict(p.assignment))]
+              for p in front.points])
 
     def write_trials(self, rows: Sequence[Sequence[Any]]) -> None:
         _csv(self.trials_csv, ["trial", "state", "metric", "size", "latency", "source"], rows)

@@ -12,6 +12,7 @@ Parsed once, strictly, at the edge: an unknown key is an error with the file, th
     budget: {trials: 60}
     sampler: auto
     seed: 0
+    recovery: {cle: false, bias_correction: false}   # accuracy recovery (mpsearch.recovery)
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ class SearchSpec:
     analysis: bool = True
     seeding: bool = True
     explore: float = 0.5
+    cle: bool = False
+    bias_correction: bool = False
     path: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -127,6 +130,7 @@ class SearchSpec:
                            "chunks": self.chunks, "sensitivity_samples": self.sensitivity_limit},
             "formats": None if self.formats is None else list(self.formats),
             "analysis": self.analysis, "seeding": self.seeding, "explore": self.explore,
+            "recovery": {"cle": self.cle, "bias_correction": self.bias_correction},
         }
         return yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
 
@@ -159,7 +163,7 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     root.check_keys(
         ("model", "profile", "data", "metric", "objectives", "constraints", "budget",
          "sampler", "seed", "storage", "study", "calibration", "formats", "evaluation",
-         "analysis", "seeding", "explore"),
+         "analysis", "seeding", "explore", "recovery"),
         required=("model", "profile", "data"),
     )
     base = Path(file).resolve().parent
@@ -174,6 +178,8 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     calibration.check_keys(("method",))
     evaluation = root.section("evaluation", default=None)
     evaluation.check_keys(("batch_size", "threads", "chunks", "sensitivity_samples"))
+    recovery = root.section("recovery", default=None)
+    recovery.check_keys(("cle", "bias_correction"))
     profile = root.get_str("profile")
     if profile.endswith((".yaml", ".yml")):
         profile = str((base / profile).resolve())
@@ -213,5 +219,7 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
         analysis=root.get_bool("analysis", True),
         seeding=root.get_bool("seeding", True),
         explore=_fraction(root, "explore", 0.5),
+        cle=recovery.get_bool("cle", False),
+        bias_correction=recovery.get_bool("bias_correction", False),
         path=file,
     )

@@ -7,15 +7,24 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
+import onnx
 import optuna
 import pytest
+from onnx import numpy_helper
 
 from mpsearch import load_model, load_profile, write_report
-from mpsearch.analysis import assignment_key
+from mpsearch.analysis import assignment_key, dominated_flags, wilson_interval
 from mpsearch.analysis._analysis import curve_steps
 from mpsearch.demo import DEMO_DATA, DEMO_MODEL
 from mpsearch.errors import SearchError
-from mpsearch.pipeline import REPORT_VIEW_NODES, SearchRun, search_run
+from mpsearch.pipeline import (
+    REPORT_VIEW_NODES,
+    SearchRun,
+    export_point,
+    prepare_inputs,
+    search_run,
+)
 from mpsearch.rundir import Front, RunDir
 from mpsearch.search import MEASURE_ABOVE, group_nodes
 from mpsearch.spec import SearchSpec, load_spec
@@ -93,6 +102,14 @@ def test_front_json_round_trips_through_rundir(searched: SearchRun) -> None:
     assert isinstance(front, Front) and front == searched.front
     assert json.loads(run.front_json.read_text()) == front.to_dict()
     assert front.objectives == ("metric", "size")
+    held = json.loads(run.measurements.read_text())["splits"]["held-out"]["entries"]
+    (n,) = {entry["samples"] for entry in held.values()}
+    for point in front.points:  # accuracy: Wilson interval of k correct of the held-out n
+        assert point.interval == wilson_interval(round(point.metric * n), n)
+        assert point.interval[0] <= point.metric <= point.interval[1]
+    flags = dominated_flags([(p.metric, p.size, None) for p in front.points],
+                            higher_is_better=True)
+    assert tuple(p.dominated for p in front.points) == flags
     spec = load_spec(run.spec_yaml)  # the run directory's spec reads back as the same spec
     assert dataclasses.replace(spec, path=None) == _spec()
 
@@ -123,6 +140,12 @@ def test_max_metric_drop_binds_a_lower_is_better_metric(tmp_path: Path) -> None:
     assert run.front.points
     assert all(p.search_metric is not None and p.search_metric <= 1e-4
                for p in run.front.points)
+    for point in run.front.points:  # mse: a bootstrap interval over the held-out samples
+        assert point.interval is not None and point.interval[0] <= point.interval[1]
+        if point.metric == 0.0:  # the FP32 model itself: every resample scores 0
+            assert point.interval == (0.0, 0.0)
+        else:
+            assert point.interval[0] < point.metric < point.interval[1]
 
 
 def _study(run_dir: Path) -> optuna.Study:
@@ -161,3 +184,24 @@ def test_interrupted_trial_and_torn_journal_line_are_recovered(tmp_path: Path) -
     retry = [t for t in trials
              if t.user_attrs.get("source") == f"retry of interrupted trial {cut.number}"]
     assert len(retry) == 1  # queued behind the seeds still waiting
+
+
+def test_recovery_runs_through_search_and_export(tmp_path: Path) -> None:
+    """recovery: {cle, bias_correction} reaches the run's spec, keys its measurements and makes
+    the exported model the bias-corrected build (only int32 bias codes differ from plain)."""
+    spec = _spec(trials=4, analysis=False, cle=True, bias_correction=True)
+    run = search_run(spec, tmp_path / "run")
+    rundir = RunDir(run.run_dir)
+    saved = load_spec(rundir.spec_yaml)
+    assert (saved.cle, saved.bias_correction) == (True, True)
+    splits = json.loads(rundir.measurements.read_text())["splits"]
+    assert splits["search"]["key"]["bias_correction"] is True
+    built = export_point(run.run_dir, 0, tmp_path / "point.onnx")
+    ours = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(built.path)).graph.initializer}
+    plain = prepare_inputs(spec.model, spec.profile, spec.data,
+                           calibration_samples=spec.calibration_samples, seed=spec.data_seed,
+                           cle=True).quantizer().build(built.assignment)
+    reference = {t.name: numpy_helper.to_array(t) for t in plain.graph.initializer}
+    assert ours.keys() == reference.keys()
+    differ = sorted(n for n in ours if not np.array_equal(ours[n], reference[n]))
+    assert differ and all(n.endswith("__int32_q") for n in differ)

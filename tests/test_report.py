@@ -35,6 +35,7 @@ from mpsearch.report import (
     write_report,
 )
 from mpsearch.report import _figures as figs
+from mpsearch.report._page import _front_table
 from mpsearch.summary import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -661,3 +662,27 @@ def test_report_in_headless_chromium(run_dir: Path, tmp_path: Path, browser: Bro
     assert int(hostile) == len(CHARTS)
     assert browser.evaluate("typeof window.pwned") == "undefined"
     assert HOSTILE in browser.evaluate("document.getElementById('point-rows').textContent")
+
+
+def test_front_shows_intervals_as_error_bars_and_dominated_points_hollow() -> None:
+    points = [{"index": 0, "metric": 0.9, "size": 100, "latency": None,
+               "interval": [0.7864, 0.9565], "dominated": False, "counts": {}},
+              {"index": 1, "metric": 0.86, "size": 120, "latency": None,
+               "interval": [0.7381, 0.9305], "dominated": True, "counts": {}},
+              {"index": 2, "metric": 0.95, "size": 300, "latency": None, "counts": {}}]
+    front = {"metric": "agreement", "higher_is_better": True, "points": points,
+             "fp32": {}, "uniform": {}}
+    trace = figs.figure_front(front, [])["data"][1]
+    assert trace["marker"]["symbol"] == ["circle", "circle-open", "circle"]
+    assert trace["error_y"]["array"] == pytest.approx([0.0565, 0.0705, 0.0])
+    assert trace["error_y"]["arrayminus"] == pytest.approx([0.1136, 0.1219, 0.0])
+    assert trace["customdata"][1][2] == ("95 % interval [0.7381, 0.9305]<br><b>dominated</b> "
+                                         "after the held-out re-measure")
+    table = _front_table(front)
+    rows = re.findall(r"<tr><td>(\d)</td><td>([^<]*)</td><td>([^<]*)</td>.*?<td>(\w+)</td></tr>",
+                      table)
+    assert rows == [("0", "0.9", "[0.7864, 0.9565]", "front"),
+                    ("1", "0.86", "[0.7381, 0.9305]", "dominated"),
+                    ("2", "0.95", "n/a", "front")]
+    assert "error_y" not in figs.figure_front(
+        {**front, "points": [{**p, "interval": None} for p in points]}, [])["data"][1]

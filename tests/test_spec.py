@@ -35,6 +35,10 @@ BAD = [
     (GOOD + "constraints: {max_metric_dorp: 0.01}\n",
      r"unknown key 'max_metric_dorp' in constraints; did you mean 'max_metric_drop'\?"),
     (GOOD + "calibration: {method: kl}\n", r"calibration\.method must be one of minmax"),
+    (GOOD + "recovery: {cle: true, bias_corection: true}\n",
+     r"spec\.yaml:5: unknown key 'bias_corection' in recovery; did you mean "
+     r"'bias_correction'\?"),
+    (GOOD + "recovery: {cle: yes please}\n", r"recovery\.cle must be true or false"),
 ]
 
 
@@ -50,6 +54,16 @@ def test_malformed_specs(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(SpecError, match=message) as info:
         load_spec(_write(tmp_path, text))
     assert "\n" not in str(info.value)
+
+
+def test_recovery_section_defaults_off_and_round_trips(tmp_path: Path) -> None:
+    spec = load_spec(_write(tmp_path, GOOD))
+    assert (spec.cle, spec.bias_correction) == (False, False)
+    on = load_spec(_write(tmp_path, GOOD + "recovery: {cle: true, bias_correction: true}\n"))
+    assert (on.cle, on.bias_correction) == (True, True)
+    again = tmp_path / "again.yaml"
+    again.write_text(on.to_yaml())
+    assert load_spec(again).to_dict() | {"path": None} == on.to_dict() | {"path": None}
 
 
 def test_paths_resolve_relative_to_the_spec() -> None:

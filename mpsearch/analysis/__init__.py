@@ -41,6 +41,13 @@ from mpsearch.analysis._sensitivity import (
     severity,
     worsening,
 )
+from mpsearch.analysis._uncertainty import (
+    PROPORTION_METRICS,
+    Z95,
+    bootstrap_interval,
+    dominated_flags,
+    wilson_interval,
+)
 
 __all__ = [
     "Analysis",
@@ -52,16 +59,20 @@ __all__ = [
     "Measurer",
     "NodeDistribution",
     "NodeSensitivity",
+    "PROPORTION_METRICS",
     "RestoreGain",
     "SCHEMA",
     "STAT_COLUMNS",
     "STAT_FIELDS",
     "TensorDistribution",
     "Thresholds",
+    "Z95",
     "analysis_formats",
     "analyze",
     "analyze_distributions",
     "assignment_key",
+    "bootstrap_interval",
+    "dominated_flags",
     "kendall_tau",
     "lower_formats",
     "measure_curve",
@@ -73,5 +84,6 @@ __all__ = [
     "rank_sensitivity",
     "severity",
     "tensor_flags",
+    "wilson_interval",
     "worsening",
 ]

@@ -342,8 +342,29 @@ def _latency_marker(latencies: Sequence[float | None]) -> dict[str, Any]:
     return marker
 
 
+def _interval_bars(points: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Asymmetric error bars of the held-out 95 % intervals (None when no point has one)."""
+    intervals = [p.get("interval") for p in points]
+    if not any(intervals):
+        return None
+    up = [_r(i[1] - p["metric"]) if i else 0 for p, i in zip(points, intervals, strict=True)]
+    down = [_r(p["metric"] - i[0]) if i else 0 for p, i in zip(points, intervals, strict=True)]
+    return {"type": "data", "symmetric": False, "array": up, "arrayminus": down,
+            "color": "#555555", "thickness": 1, "width": 4}
+
+
+def _interval_text(point: Mapping[str, Any]) -> str:
+    interval = point.get("interval")
+    text = f"95 % interval [{_r(interval[0])}, {_r(interval[1])}]" if interval else ""
+    if point.get("dominated"):
+        text += ("<br>" if text else "") + "<b>dominated</b> after the held-out re-measure"
+    return text
+
+
 def figure_front(front: Mapping[str, Any], trials: Sequence[Mapping[str, Any]]) -> Figure:
-    """Metric vs size of every trial (faint) and the Pareto front (color = est. latency).
+    """Metric vs size of every trial (faint) and the Pareto front (color = est. latency), each
+    front point with its held-out 95 % interval as an error bar; points that another point
+    dominates after the re-measure are hollow.
 
     Trace 1 (``uid`` ``front``) carries the point index in ``customdata``; the report's script
     selects a point on click. The last trace (``uid`` ``selected``) rings the selected point.
@@ -357,6 +378,7 @@ def figure_front(front: Mapping[str, Any], trials: Sequence[Mapping[str, Any]]) 
     scale, unit = size_unit(max(sizes, default=0))
     done = [t for t in trials if t.get("metric") is not None and t.get("size") is not None]
     marker = _latency_marker([p.get("latency") for p in points])
+    marker["symbol"] = ["circle-open" if p.get("dominated") else "circle" for p in points]
     known = "colorbar" in marker
     data: list[dict[str, Any]] = [
         {"type": "scatter", "mode": "markers", "name": "all trials", "uid": "trials",
@@ -368,13 +390,18 @@ def figure_front(front: Mapping[str, Any], trials: Sequence[Mapping[str, Any]]) 
                           f"%{{x}} {unit}, {metric} %{{y}}<extra></extra>"},
         {"type": "scatter", "mode": "markers", "name": "Pareto front (held-out)", "uid": "front",
          "x": [_r(p["size"] / scale) for p in points], "y": [_r(p["metric"]) for p in points],
-         "customdata": [[p.get("index"), _r(p.get("latency"), 3)] for p in points],
+         "customdata": [[p.get("index"), _r(p.get("latency"), 3), _interval_text(p)]
+                        for p in points],
          "marker": marker,
          "hovertext": [_assignment_hover(p) for p in points],
          "hovertemplate": f"%{{hovertext}}<br>{metric} %{{y}}, %{{x}} {unit}"
+                          + "<br>%{customdata[2]}"
                           + ("<br>est. latency %{customdata[1]}× FP32" if known else "")
                           + "<br><i>click to select</i><extra></extra>"},
     ]
+    bars = _interval_bars(points)
+    if bars is not None:
+        data[1]["error_y"] = bars
     ref_rows = [(name, r) for name, r in refs.items() if r.get("metric") is not None]
     if ref_rows:
         data.append({

@@ -326,13 +326,31 @@ def _distributions_html(dist_nodes: Sequence[str]) -> str:
             'id="chart-distribution"></div>')
 
 
+def _interval_cell(interval: Any) -> str:
+    return "n/a" if not interval else f"[{_num(interval[0])}, {_num(interval[1])}]"
+
+
+def _front_table(front: Mapping[str, Any]) -> str:
+    """Every front point with its held-out metric, 95 % interval and whether it is dominated."""
+    rows = [[p["index"], _num(p["metric"]), _interval_cell(p.get("interval")),
+             f'{p["size"] or 0:,}', _num(p.get("latency")),
+             "dominated" if p.get("dominated") else "front"] for p in front["points"]]
+    note = ('<p class="muted">Held-out metric with its 95 % interval (Wilson for accuracy, top5 '
+            "and agreement; bootstrap over samples otherwise). A point is <i>dominated</i> when "
+            "another point is at least as good on every objective after the held-out re-measure "
+            "(hollow in the chart).</p>")
+    return note + _table(["point", f"{front['metric']} (held-out)", "95 % interval", "bytes",
+                          "est. latency", "status"], rows, scroll=True)
+
+
 def _front_html(charts: Mapping[str, Any], front: Mapping[str, Any] | None) -> str:
     if front is None:
         return _not_run("Search", "front.json", "Run `mpsearch search` to get a Pareto front.")
     options = "".join(
         f'<option value="{p["index"]}">point {p["index"]}: {esc(front["metric"])} '
         f'{_num(p["metric"])}, {p["size"] or 0:,} bytes</option>' for p in front["points"])
-    return (f'{_chart("chart-front", charts)}<h3 id="point">Selected point</h3>'
+    return (f'{_chart("chart-front", charts)}{_front_table(front)}'
+            '<h3 id="point">Selected point</h3>'
             '<p class="muted">Click a point of the front, or pick one: '
             f'<select id="point-select">{options}</select></p><p id="point-summary"></p>'
             '<p>Export it: <code id="point-command"></code> <button id="point-copy" '

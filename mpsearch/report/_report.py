@@ -218,6 +218,7 @@ def _front_data(files: RunFiles, run_dir: str) -> dict[str, Any] | None:
         "formats": formats, "colors": [format_color(f) for f in formats],
         "points": [{"index": p.get("index", i), "metric": p.get("metric"),
                     "size": p.get("size"), "latency": p.get("latency"),
+                    "interval": p.get("interval"), "dominated": bool(p.get("dominated")),
                     "counts": p.get("counts", {}),
                     "formats": [formats.index(p["assignment"][n])
                                 if n in p.get("assignment", {}) else -1 for n in nodes]}

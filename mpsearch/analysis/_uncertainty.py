@@ -1,0 +1,76 @@
+"""How sure a held-out measurement is: 95 % intervals and dominance after the re-measure.
+
+Consumes a metric's value and sample count (accuracy-like metrics, which are proportions k / n)
+or its per-sample outputs (any other metric); produces ``(low, high)`` intervals:
+
+* :func:`wilson_interval`: the Wilson score interval of a binomial proportion (accuracy, top5,
+  agreement), which stays inside [0, 1] and is sensible at k = 0 or k = n;
+* :func:`bootstrap_interval`: the seeded percentile bootstrap over samples for every other
+  metric (SQNR, MSE, cosine, user metrics).
+
+:func:`dominated_flags` marks the front points that another point beats after the re-measure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+__all__ = ["PROPORTION_METRICS", "Z95", "bootstrap_interval", "dominated_flags",
+           "wilson_interval"]
+
+#: Metrics that are a fraction of samples (k / n): their interval is Wilson's.
+PROPORTION_METRICS = frozenset({"accuracy", "top5", "agreement"})
+#: The two-sided 95 % standard normal quantile.
+Z95 = 1.959963984540054
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of ``successes`` out of ``n`` (``n`` > 0)."""
+    if n <= 0 or not 0 <= successes <= n:
+        raise ValueError(f"Wilson interval: need 0 <= successes <= n and n > 0, got "
+                         f"{successes} of {n}")
+    p, z2 = successes / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def bootstrap_interval(
+    metric: Callable[[np.ndarray, np.ndarray, np.ndarray | None], float],
+    outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *,
+    rounds: int = 1000, level: float = 0.95, seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``metric(outputs, reference, labels)`` over samples
+    (``rounds`` resamples with replacement, seeded)."""
+    rng = np.random.default_rng(seed)
+    n = len(outputs)
+    values = np.empty(rounds)
+    for r in range(rounds):
+        pick = rng.integers(0, n, size=n)
+        values[r] = metric(outputs[pick], reference[pick],
+                           None if labels is None else labels[pick])
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return math.nan, math.nan
+    tail = (1.0 - level) / 2 * 100
+    low, high = np.percentile(finite, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def dominated_flags(points: Sequence[tuple[float, float, float | None]], *,
+                    higher_is_better: bool) -> tuple[bool, ...]:
+    """For each (metric, size, latency) point, whether another point is at least as good on
+    every objective and better on one (latency counts only when both points have one)."""
+    sign = 1.0 if higher_is_better else -1.0
+
+    def beats(a: tuple[float, float, float | None], b: tuple[float, float, float | None]
+              ) -> bool:
+        la, lb = (a[2], b[2]) if a[2] is not None and b[2] is not None else (0.0, 0.0)
+        ma, mb = sign * a[0], sign * b[0]
+        return (ma >= mb and a[1] <= b[1] and la <= lb) and (ma > mb or a[1] < b[1] or la < lb)
+
+    return tuple(any(beats(o, p) for j, o in enumerate(points) if j != i)
+                 for i, p in enumerate(points))
