@@ -14,7 +14,6 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -23,25 +22,15 @@ import onnx
 
 from mpsearch import __version__
 from mpsearch._io import write_json, write_model
+from mpsearch._results import held_out_front, relative_latency, write_analysis
 from mpsearch.analysis import (
-    PROPORTION_METRICS,
-    SCHEMA,
-    STAT_COLUMNS,
     Analysis,
-    CurvePoint,
-    Measurement,
     Measurer,
-    NodeSensitivity,
-    RestoreGain,
     Thresholds,
     analyze,
-    bootstrap_interval,
-    dominated_flags,
-    wilson_interval,
 )
 from mpsearch.assignment import (
     Assignment,
-    estimate_latency,
     latency_unknown_reason,
     load_assignment,
     make_assignment,
@@ -50,19 +39,18 @@ from mpsearch.assignment import (
 )
 from mpsearch.calibration import CalibrationTable, calibrate, calibrate_cached
 from mpsearch.data import Dataset, check_signature, load_data
-from mpsearch.errors import DataError, QuantizationError, SearchError, SpecError
+from mpsearch.errors import DataError, SearchError, SpecError
 from mpsearch.evaluate import Evaluation, Evaluator
 from mpsearch.graph import ModelGraph, load_model
 from mpsearch.profiles import HardwareProfile, check_profile_for_cpu, load_profile
 from mpsearch.progress import Reporter
 from mpsearch.quantize import Quantizer
 from mpsearch.recovery import CorrectedQuantizer, InputMeans, equalize, input_means
-from mpsearch.rundir import Baseline, Front, FrontPoint, RunDir
+from mpsearch.rundir import Front, FrontPoint, RunDir
 from mpsearch.runtime import create_session, ort_version
 from mpsearch.search import (
     MEASURE_ABOVE,
     SearchResult,
-    TrialRecord,
     check_resume,
     group_nodes,
     run_search,
@@ -216,26 +204,6 @@ def _write_inputs(run: RunDir, spec: SearchSpec, prepared: Prepared, kind: str) 
                           "onnxruntime": ort_version()})
 
 
-def write_analysis(run: RunDir, analysis: Analysis, prepared: Prepared) -> None:
-    """The analysis files of ``analysis`` (see the README's "Run directory")."""
-    data = analysis.to_dict()
-    orders: dict[str, list[dict[str, Any]]] = {}
-    for point in analysis.curve:
-        orders.setdefault(point.order, []).append(point.to_dict())
-    curve = {"schema": SCHEMA, "metric": analysis.metric,
-             "higher_is_better": analysis.higher_is_better,
-             "fp32_metric": analysis.fp32.get(analysis.metric),
-             "fp32_size": model_size(prepared.graph, prepared.profile, {}), "orders": orders}
-    distributions = {"schema": SCHEMA, "nodes": [d.to_dict() for d in analysis.distributions]}
-    run.write_analysis(data, curve=curve, distributions=distributions, tables={
-        "sensitivity": (list(NodeSensitivity.__dataclass_fields__), data["nodes"]),
-        "reverse": (list(RestoreGain.__dataclass_fields__), data["reverse"]["rows"]),
-        "curve": (list(CurvePoint.__dataclass_fields__), [p.to_dict() for p in analysis.curve]),
-        "distributions": (list(STAT_COLUMNS),
-                          [r for d in analysis.distributions for r in d.rows()]),
-    })
-
-
 # -- analyze ---------------------------------------------------------------------------------
 def analyze_prepared(
     prepared: Prepared, run_dir: RunDir | str | Path | None = None, *,
@@ -257,7 +225,7 @@ def analyze_prepared(
     if run is not None:
         write_json(run.summary_json, prepared.summary.to_dict())
         write_json(run.profile_json, prepared.profile.to_dict())
-        write_analysis(run, analysis, prepared)
+        write_analysis(run, analysis, model_size(prepared.graph, prepared.profile, {}))
     return analysis
 
 
@@ -310,18 +278,18 @@ def search_run(
                                reverse_top=REPORT_VIEW_NODES,
                                curve_max_steps=REPORT_VIEW_NODES,
                                measure_above=MEASURE_ABOVE, progress=progress)
-            write_analysis(run, analysis, prepared)
+            write_analysis(run, analysis, model_size(prepared.graph, prepared.profile, {}))
         result = run_search(measurer, prepared.summary, spec, run_dir=run.path, resume=resume,
                             inputs=inputs, progress=progress)
     finally:
         _flush(measurer)
     held = _spec_measurer(prepared, spec, held_data, run, "held-out")
     try:
-        front = _held_out_front(prepared, spec, result, held, measurer)
+        front = held_out_front(prepared.summary, spec, result, held, measurer)
     finally:
         _flush(held)
     run.write_front(front)
-    run.write_trials([[r.trial, r.state, r.metric, r.size, _relative(r.latency, front.fp32),
+    run.write_trials([[r.trial, r.state, r.metric, r.size, relative_latency(r.latency, front.fp32),
                        r.source] for r in result.trials])
     return SearchRun(run_dir=run.path, result=result, front=front, analysis=analysis,
                      measured=tuple(measurer.measured))
@@ -357,77 +325,6 @@ def _search_inputs(prepared: Prepared, spec: SearchSpec, data: Dataset) -> dict[
         "spec": hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()
                                ).hexdigest()[:16],
     }
-
-
-def _relative(latency: float | None, fp32: Baseline) -> float | None:
-    return None if latency is None or not fp32.latency_abs else latency / fp32.latency_abs
-
-
-def _held_out_front(prepared: Prepared, spec: SearchSpec, result: SearchResult,
-                    held: Measurer, searched_by: Measurer) -> Front:
-    graph, profile, summary = prepared.graph, prepared.profile, prepared.summary
-    fp32_latency = estimate_latency(graph, summary, profile, {})
-    fp32 = Baseline(metric=held.fp32().value, size=model_size(graph, profile, {}),
-                    latency=1.0 if fp32_latency else None, latency_abs=fp32_latency)
-    int8 = uniform_assignment(graph, profile, profile.lowest_formats()[0])
-    searched = {n for g in group_nodes(graph, profile, spec.formats) for n in g.nodes}
-    points = []
-    for index, record in enumerate(result.front):
-        assignment = make_assignment(graph, profile, record.assignment)
-        measured = held.measure(assignment)
-        point = _point(record, index, measured.metrics, held.evaluator.primary.name, int8,
-                       searched, _relative(estimate_latency(graph, summary, profile, assignment),
-                                           fp32))
-        points.append(replace(point, interval=_interval(held, assignment, measured, spec.seed)))
-    timed = "latency" in spec.objectives
-    flags = dominated_flags([(p.metric, p.size, p.latency if timed else None) for p in points],
-                            higher_is_better=held.higher_is_better)
-    points = [replace(p, dominated=flag) for p, flag in zip(points, flags, strict=True)]
-    uniform = {}
-    for fmt in profile.formats:
-        if fmt == profile.default_format:
-            continue
-        try:
-            assignment = uniform_assignment(graph, profile, fmt)
-        except QuantizationError:  # a format no node may take
-            continue
-        uniform[fmt] = Baseline(
-            metric=held.measure(assignment).value, size=model_size(graph, profile, assignment),
-            latency=_relative(estimate_latency(graph, summary, profile, assignment), fp32))
-    return Front(metric=searched_by.evaluator.primary.name,
-                 higher_is_better=searched_by.higher_is_better, objectives=spec.objectives,
-                 fp32=fp32, uniform=uniform, points=tuple(points),
-                 evaluations=result.evaluations, seconds=result.seconds, timing=result.timing)
-
-
-def _interval(held: Measurer, assignment: Assignment, measured: Measurement, seed: int
-              ) -> tuple[float, float] | None:
-    """95 % interval of a held-out measurement: Wilson for accuracy-like metrics (k of n
-    samples), else a bootstrap over the samples of a second pass of the built model."""
-    value, samples = measured.value, measured.samples
-    if value != value or samples <= 0:
-        return None
-    if measured.primary in PROPORTION_METRICS:
-        return wilson_interval(round(value * samples), samples)
-    evaluator = held.evaluator
-    outputs = evaluator.outputs(held.quantizer.build(assignment))
-    return bootstrap_interval(evaluator.primary.fn, outputs, evaluator.reference,
-                              evaluator.data.labels, seed=seed)
-
-
-def _point(record: TrialRecord, index: int, metrics: Mapping[str, float], primary: str,
-           int8: Mapping[str, str], searched: set[str], latency: float | None) -> FrontPoint:
-    counts: dict[str, int] = {}
-    for node, fmt in record.assignment.items():
-        if node in searched:
-            counts[fmt] = counts.get(fmt, 0) + 1
-    return FrontPoint(
-        index=index, trial=record.trial, metric=metrics[primary], search_metric=record.metric,
-        size=record.size, latency=latency, metrics=dict(metrics),
-        assignment=dict(record.assignment), counts=counts,
-        differs_from_int8=tuple(sorted(n for n, f in record.assignment.items()
-                                       if int8.get(n) != f)),
-        source=record.source)
 
 
 # -- export and quantize ---------------------------------------------------------------------
