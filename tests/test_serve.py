@@ -337,8 +337,9 @@ def test_damaged_npz_is_a_user_error_and_npy_is_accepted(client: TestClient,
     damaged = _upload(client, f"/models/{model}/data", "broken.npz",
                       b"PK\x03\x04" + bytes(200))  # a zip header, then nothing of a zip
     assert damaged.status_code == 400
-    assert damaged.json()["error"] == ("broken.npz: cannot read the archive (File is not a zip "
-                                       "file); re-save it with numpy.savez")
+    assert damaged.json()["error"] == (
+        "broken.npz: cannot read the archive (BadZipFile: File is not a zip file); the file is "
+        "truncated or not an .npz, re-save it with numpy.savez")
     good = io.BytesIO()
     np.savez(good, input=np.zeros((4, 1, 8, 8), np.float32))
     truncated = _upload(client, f"/models/{model}/data", "cut.npz", good.getvalue()[:-40])

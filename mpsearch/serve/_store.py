@@ -18,7 +18,6 @@ import re
 import secrets
 import shutil
 import zipfile
-import zlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -235,18 +234,10 @@ class Store:
 
 
 def _read_data(path: Path) -> Any:
-    """:func:`mpsearch.load_data`, a damaged archive (whatever numpy and zipfile raise for it)
-    being the user's error."""
+    """:func:`mpsearch.load_data` (a damaged archive is already a one-line DataError there)."""
     from mpsearch import load_data
 
-    try:
-        return load_data(path)
-    except MpsearchError:
-        raise
-    except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, ValueError, OSError) as e:
-        reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
-        raise UploadError(f"{path}: cannot read the archive ({reason}); re-save it with "
-                          "numpy.savez") from e
+    return load_data(path)
 
 
 def _npy_to_npz(raw: Path, target: Path, inputs: list[str]) -> None:
