@@ -7,6 +7,7 @@ import ast
 from pathlib import Path
 
 import networkx as nx
+import pytest
 
 import mpsearch
 
@@ -79,3 +80,14 @@ def test_engine_layers_point_down() -> None:
     assert not [a for a, b in edges if b == "pipeline" and a not in SHELLS]
     assert not [b for a, b in edges if a == "kernels"]
     assert ("search", "analysis") in edges and ("analysis", "search") not in edges
+
+
+def test_every_subpackage_is_installed() -> None:
+    """pyproject lists packages explicitly: a subpackage missing there works from a checkout
+    (editable install, CI) and breaks `pip install .` (the Quickstart)."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    listed = set(config["tool"]["setuptools"]["packages"])
+    found = {"mpsearch." + p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert found <= listed, sorted(found - listed)
