@@ -1,4 +1,5 @@
-"""Progress reports rendered as tqdm bars on stderr (one bar per stage, closed when it ends)."""
+"""Progress reports rendered as tqdm bars on stderr: one bar per stage, closed when the next
+stage starts (a stage's total may grow while it runs) or by :meth:`BarProgress.close`."""
 
 from __future__ import annotations
 
@@ -34,8 +35,6 @@ class BarProgress:
         if progress.info:
             bar.set_postfix({k: f"{v:.4f}" if isinstance(v, float) else v
                              for k, v in progress.info.items()}, refresh=False)
-        if progress.total is not None and progress.done >= progress.total:
-            self.close()
 
     def close(self) -> None:
         if self._bar is not None:
