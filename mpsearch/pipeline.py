@@ -198,7 +198,8 @@ def _write_inputs(run: RunDir, spec: SearchSpec, prepared: Prepared, kind: str) 
     run.write_spec(spec)
     run.write_inputs(spec=spec.to_dict(), summary=prepared.summary.to_dict(),
                      profile=prepared.profile.to_dict(),
-                     run={"kind": kind, "model": spec.model, "profile": spec.profile,
+                     run={"kind": kind, "name": spec.name or Path(spec.model).name,
+                          "model": spec.model, "profile": spec.profile,
                           "resolved_profile": prepared.profile.name, "data": spec.data,
                           "spec": spec.path, "mpsearch": __version__,
                           "onnxruntime": ort_version()})
@@ -312,7 +313,7 @@ def _check_latency_objective(spec: SearchSpec) -> None:
 #: Spec fields left out of the spec's fingerprint: more trials, more time, another worker,
 #: storage or sampler resume the same study; the model, data and profile count by content.
 _NOT_HASHED = frozenset({"trials", "timeout_s", "storage", "study", "path", "seed", "sampler",
-                         "explore", "analysis", "model", "data", "profile"})
+                         "explore", "analysis", "model", "data", "profile", "name"})
 
 
 def _search_inputs(prepared: Prepared, spec: SearchSpec, data: Dataset) -> dict[str, str]:

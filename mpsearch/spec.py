@@ -107,6 +107,7 @@ class SearchSpec:
     cle: bool = False
     bias_correction: bool = False
     path: str | None = None
+    name: str | None = None  # what reports call the model (an upload's own file name)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,6 +131,7 @@ class SearchSpec:
                            "chunks": self.chunks, "sensitivity_samples": self.sensitivity_limit},
             "formats": None if self.formats is None else list(self.formats),
             "analysis": self.analysis, "seeding": self.seeding, "explore": self.explore,
+            "name": self.name,
             "recovery": {"cle": self.cle, "bias_correction": self.bias_correction},
         }
         return yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
@@ -163,7 +165,7 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     root.check_keys(
         ("model", "profile", "data", "metric", "objectives", "constraints", "budget",
          "sampler", "seed", "storage", "study", "calibration", "formats", "evaluation",
-         "analysis", "seeding", "explore", "recovery"),
+         "analysis", "seeding", "explore", "name", "recovery"),
         required=("model", "profile", "data"),
     )
     base = Path(file).resolve().parent
@@ -222,4 +224,5 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
         cle=recovery.get_bool("cle", False),
         bias_correction=recovery.get_bool("bias_correction", False),
         path=file,
+        name=root.get_str("name", None),
     )

@@ -585,6 +585,9 @@ def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
         [p["metric"], p["size"]] for p in front["points"]]
     report = client.get(f"/jobs/{job}/report")
     assert report.headers["content-type"].startswith("text/html") and "Plotly" in report.text
+    header = report.text[:report.text.index("<nav>")]  # the upload's name, no server folder
+    assert f"<title>mpsearch report: {tiny[0].name}</title>" in header
+    assert str(tmp_path) not in header
     assert write_report(run_dir).is_file()  # `mpsearch report` works on a served run
     resumed = search_run(spec.with_overrides(trials=4), run_dir, resume=True)  # and `--resume`
     assert len([r for r in resumed.result.trials if r.state == "complete"]) >= 3

@@ -359,6 +359,13 @@ def _front_html(charts: Mapping[str, Any], front: Mapping[str, Any] | None) -> s
             '<tbody id="point-rows"></tbody></table></div>')
 
 
+def _shown(value: Any) -> Any:
+    """A path as its file name (a report names no folder of the machine it was made on)."""
+    if isinstance(value, str) and ("/" in value or "\\" in value):
+        return value.replace("\\", "/").rsplit("/", 1)[-1]
+    return value
+
+
 def render_page(files: Mapping[str, Any], payload: Mapping[str, Any],
                 dist_nodes: Sequence[str], plotly_js: str) -> str:
     """The whole HTML document: the sections, ``plotly_js``, ``payload`` as JSON, the script.
@@ -368,9 +375,10 @@ def render_page(files: Mapping[str, Any], payload: Mapping[str, Any],
     selector, in the order of ``payload["distributions"]``.
     """
     charts, run = payload["charts"], files.get("run.json") or {}
-    model = (files.get("summary.json") or {}).get("model") or run.get("model")
+    model = run.get("name") or (files.get("summary.json") or {}).get("model") or run.get("model")
     title = f"mpsearch report: {model}"
-    info = " · ".join(f"{k} {v}" for k, v in run.items() if v not in (None, "", [], {}))
+    info = " · ".join(f"{k} {_shown(v)}" for k, v in run.items()
+                      if k != "name" and v not in (None, "", [], {}))
     sections = [
         ("summary", "Model summary", _summary_html(files.get("summary.json"), charts)),
         ("profile", "Hardware profile", _profile_html(files.get("profile.json"))),

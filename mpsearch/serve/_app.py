@@ -222,7 +222,8 @@ class _App:
                                 labels=bool(data.info.get("labels", True)))
             job_id, run_dir = self.queue.new_run_dir()
             title = _title(len(self.queue.list()) + 1, config, model, label)
-            commands = await run_in_threadpool(write_spec, run_dir, config, title=title)
+            commands = await run_in_threadpool(write_spec, run_dir, config, title=title,
+                                               name=model.name)
         except UploadError as err:
             if run_dir is not None:
                 shutil.rmtree(run_dir, ignore_errors=True)

@@ -181,7 +181,8 @@ def _derived_profile(base: str, granularity: str) -> dict[str, Any]:
             "(written by mpsearch serve)", "formats": formats}
 
 
-def write_spec(run_dir: Path, config: JobConfig, *, title: str) -> tuple[str, ...]:
+def write_spec(run_dir: Path, config: JobConfig, *, title: str, name: str | None = None
+               ) -> tuple[str, ...]:
     """Write ``spec.yaml`` (and ``hw_profile.yaml`` when needed) and check them as the CLI
     would; returns the command lines that redo the job."""
     from mpsearch import load_profile
@@ -198,7 +199,7 @@ def write_spec(run_dir: Path, config: JobConfig, *, title: str) -> tuple[str, ..
         calibration_samples=config.calibration, held_out=config.held_out, metric=config.metric,
         objectives=("metric", "size", "latency") if config.latency else ("metric", "size"),
         max_metric_drop=config.max_metric_drop, trials=config.trials, seed=config.seed,
-        method=config.method, formats=config.formats, analysis=config.node_analysis,
+        method=config.method, formats=config.formats, analysis=config.node_analysis, name=name,
     ).with_overrides(sensitivity_limit=config.sensitivity_samples)  # empty: the default
     run = RunDir(run_dir)
     header = (f"# {title}\n# Written by `mpsearch serve`; rerun it from the command line with\n"
