@@ -173,7 +173,7 @@ def _model_path(case: Case, work: Path) -> Path:
     return path
 
 
-class _Reader(CalibrationDataReader):  # type: ignore[misc]
+class CalibrationReader(CalibrationDataReader):  # type: ignore[misc]
     """Feeds ORT's calibrator the same calibration samples our ``prepare`` used."""
 
     def __init__(self, prepared: Prepared) -> None:
@@ -192,7 +192,7 @@ def ort_quantize(source: Path, prepared: Prepared, work: Path) -> tuple[Path, fl
     """ORT's uniform INT8 QDQ model and the seconds quantize_static + session took."""
     target = work / f"{source.stem}.ort_int8.onnx"
     start = time.perf_counter()
-    quantize_static(str(source), str(target), _Reader(prepared),
+    quantize_static(str(source), str(target), CalibrationReader(prepared),
                     quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8, per_channel=True,
                     calibrate_method=CalibrationMethod.MinMax)

@@ -31,11 +31,9 @@ import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
 from onnxruntime.quantization import (
     CalibrationDataReader,
@@ -80,18 +78,13 @@ class Row:
     note: str = ""
 
 
-class _Reader(CalibrationDataReader):  # type: ignore[misc]
-    """ORT's calibrator gets exactly our calibration split."""
-
-    def __init__(self, prepared: Prepared) -> None:
-        self._feeds = list(prepared.calibration.batches(16))
-        self._it: Iterator[Mapping[str, np.ndarray]] = iter(self._feeds)
-
-    def get_next(self) -> Mapping[str, np.ndarray] | None:
-        return next(self._it, None)
-
-    def rewind(self) -> None:
-        self._it = iter(self._feeds)
+def _calibration_reader(prepared: Prepared) -> CalibrationDataReader:
+    """ORT's calibrator gets exactly our calibration split (bench_quantize's reader)."""
+    quantize_bench = load_sibling("bench_quantize")
+    if quantize_bench is None:
+        raise SystemExit("benchmarks/bench_quantize.py is missing")
+    reader: CalibrationDataReader = quantize_bench.CalibrationReader(prepared)
+    return reader
 
 
 def _ours(name: str, graph: ModelGraph, data: Dataset, evaluator: Evaluator,
@@ -115,9 +108,9 @@ def _ort(name: str, source: Path, prepared: Prepared, evaluator: Evaluator, work
     start = time.perf_counter()
     pre, out = work / f"{name}.pre.onnx", work / f"{name}.ort{int(reduce_range)}.onnx"
     quant_pre_process(str(source), str(pre))
-    quantize_static(str(pre), str(out), _Reader(prepared), quant_format=QuantFormat.QDQ,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                    per_channel=True, reduce_range=reduce_range,
+    quantize_static(str(pre), str(out), _calibration_reader(prepared),
+                    quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8, per_channel=True, reduce_range=reduce_range,
                     calibrate_method=CalibrationMethod.MinMax)
     metrics = evaluator.evaluate(out.read_bytes()).metrics
     config = f"ORT quantize_static (reduce_range={reduce_range})"

@@ -14,6 +14,8 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from typing import Any
 import onnx
 
 from mpsearch import __version__
-from mpsearch._io import write_json, write_model
+from mpsearch._io import write_model
 from mpsearch._results import held_out_front, relative_latency, write_analysis
 from mpsearch.analysis import (
     Analysis,
@@ -46,7 +48,7 @@ from mpsearch.profiles import HardwareProfile, check_profile_for_cpu, load_profi
 from mpsearch.progress import Reporter
 from mpsearch.quantize import Quantizer
 from mpsearch.recovery import CorrectedQuantizer, InputMeans, equalize, input_means
-from mpsearch.rundir import Front, FrontPoint, RunDir
+from mpsearch.rundir import Front, FrontPoint, MeasurementCache, RunDir
 from mpsearch.runtime import create_session, ort_version
 from mpsearch.search import (
     MEASURE_ABOVE,
@@ -166,43 +168,49 @@ def _splits(prepared: Prepared, spec: SearchSpec) -> tuple[Dataset, Dataset]:
     return validation.split(1.0 - spec.held_out, spec.data_seed)
 
 
-def _measurer(prepared: Prepared, data: Dataset, run: RunDir | None, name: str, *,
-              metric: str | None, batch_size: int, threads: int) -> Measurer:
-    """The measurer of one data split, its cache in ``run`` keyed by every input it depends on."""
-    profile_text = json.dumps(prepared.profile.to_dict(), sort_keys=True, default=str)
+def _digest(value: Any) -> str:
+    """Short sha256 of ``value`` as canonical JSON (what a cache or a study is keyed by)."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@contextmanager
+def _measuring(prepared: Prepared, data: Dataset, run: RunDir | None, name: str, *,
+               metric: str | None, batch_size: int, threads: int) -> Iterator[Measurer]:
+    """The measurer of one data split, its cache (in ``run`` when given) keyed by every input
+    it depends on and flushed when the block ends, however it ends."""
     key = {"mpsearch": __version__, "split": name, "model": prepared.graph.fingerprint,
            "table": prepared.table.data_fingerprint, "data": data.fingerprint,
            "samples": len(data), "profile": prepared.profile.name,
-           "profile_digest": hashlib.sha256(profile_text.encode()).hexdigest()[:16],
+           "profile_digest": _digest(prepared.profile.to_dict()),
            "method": prepared.method, "metric": metric, "onnxruntime": ort_version(),
            "bias_correction": prepared.means is not None}
-    cache = None if run is None else run.measurement_cache(name, key)
-    return Measurer(prepared.quantizer(), data, metric=metric, batch_size=batch_size,
-                    threads=threads, cache=cache, on_new=None if cache is None else cache.changed)
+    cache = MeasurementCache(None if run is None else run.measurements, name, key)
+    try:
+        yield Measurer(prepared.quantizer(), data, metric=metric, batch_size=batch_size,
+                       threads=threads, cache=cache, on_new=cache.changed)
+    finally:
+        cache.flush()
 
 
-def _spec_measurer(prepared: Prepared, spec: SearchSpec, data: Dataset, run: RunDir | None,
-                   name: str) -> Measurer:
-    return _measurer(prepared, data, run, name, metric=spec.metric,
-                     batch_size=spec.batch_size, threads=spec.threads)
-
-
-def _flush(measurer: Measurer) -> None:
-    flush = getattr(measurer.cache, "flush", None)
-    if flush is not None:
-        flush()
+def _spec_measuring(prepared: Prepared, spec: SearchSpec, data: Dataset, run: RunDir,
+                    name: str) -> AbstractContextManager[Measurer]:
+    return _measuring(prepared, data, run, name, metric=spec.metric,
+                      batch_size=spec.batch_size, threads=spec.threads)
 
 
 def _write_inputs(run: RunDir, spec: SearchSpec, prepared: Prepared, kind: str) -> None:
+    """The spec (YAML and JSON) and ``run.json``."""
     run.create()
     run.write_spec(spec)
-    run.write_inputs(spec=spec.to_dict(), summary=prepared.summary.to_dict(),
-                     profile=prepared.profile.to_dict(),
-                     run={"kind": kind, "name": spec.name or Path(spec.model).name,
-                          "model": spec.model, "profile": spec.profile,
-                          "resolved_profile": prepared.profile.name, "data": spec.data,
-                          "spec": spec.path, "mpsearch": __version__,
-                          "onnxruntime": ort_version()})
+    run.write_run(spec=spec.to_dict(), run={
+        "kind": kind, "name": spec.name or Path(spec.model).name, "model": spec.model,
+        "profile": spec.profile, "resolved_profile": prepared.profile.name, "data": spec.data,
+        "spec": spec.path, "mpsearch": __version__, "onnxruntime": ort_version()})
+
+
+def _write_model_info(run: RunDir, prepared: Prepared) -> None:
+    run.write_model_info(summary=prepared.summary.to_dict(), profile=prepared.profile.to_dict())
 
 
 # -- analyze ---------------------------------------------------------------------------------
@@ -217,15 +225,11 @@ def analyze_prepared(
     analysis files written. ``options`` go to :func:`mpsearch.analyze`."""
     run = None if run_dir is None else _rundir(run_dir).create()
     dataset = prepared.validation if data is None else data
-    measurer = _measurer(prepared, dataset, run, "validation", metric=metric,
-                         batch_size=batch_size, threads=threads)
-    try:
+    with _measuring(prepared, dataset, run, "validation", metric=metric,
+                    batch_size=batch_size, threads=threads) as measurer:
         analysis = analyze(measurer, samples=samples, progress=progress, **options)
-    finally:
-        _flush(measurer)
     if run is not None:
-        write_json(run.summary_json, prepared.summary.to_dict())
-        write_json(run.profile_json, prepared.profile.to_dict())
+        _write_model_info(run, prepared)
         write_analysis(run, analysis, model_size(prepared.graph, prepared.profile, {}))
     return analysis
 
@@ -271,8 +275,8 @@ def search_run(
     inputs = _search_inputs(prepared, spec, search_data)
     check_resume(spec, run.path, inputs, resume)  # before anything of the run dir is rewritten
     _write_inputs(run, spec, prepared, "search")
-    measurer = _spec_measurer(prepared, spec, search_data, run, "search")
-    try:
+    _write_model_info(run, prepared)
+    with _spec_measuring(prepared, spec, search_data, run, "search") as measurer:
         analysis = None
         if spec.analysis:  # the report's node-level views; the search reuses every row
             analysis = analyze(measurer, formats=spec.formats, samples=spec.sensitivity_limit,
@@ -282,13 +286,8 @@ def search_run(
             write_analysis(run, analysis, model_size(prepared.graph, prepared.profile, {}))
         result = run_search(measurer, prepared.summary, spec, run_dir=run.path, resume=resume,
                             inputs=inputs, progress=progress)
-    finally:
-        _flush(measurer)
-    held = _spec_measurer(prepared, spec, held_data, run, "held-out")
-    try:
-        front = held_out_front(prepared.summary, spec, result, held, measurer)
-    finally:
-        _flush(held)
+        with _spec_measuring(prepared, spec, held_data, run, "held-out") as held:
+            front = held_out_front(prepared.summary, spec, result, held, measurer)
     run.write_front(front)
     run.write_trials([[r.trial, r.state, r.metric, r.size, relative_latency(r.latency, front.fp32),
                        r.source] for r in result.trials])
@@ -319,13 +318,8 @@ _NOT_HASHED = frozenset({"trials", "timeout_s", "storage", "study", "path", "see
 def _search_inputs(prepared: Prepared, spec: SearchSpec, data: Dataset) -> dict[str, str]:
     """What a study's results depend on, fingerprinted: resuming with other inputs is refused."""
     fields = {k: v for k, v in spec.to_dict().items() if k not in _NOT_HASHED}
-    profile = json.dumps(prepared.profile.to_dict(), sort_keys=True, default=str)
-    return {
-        "model": prepared.graph.fingerprint, "data": data.fingerprint,
-        "profile": hashlib.sha256(profile.encode()).hexdigest()[:16],
-        "spec": hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()
-                               ).hexdigest()[:16],
-    }
+    return {"model": prepared.graph.fingerprint, "data": data.fingerprint,
+            "profile": _digest(prepared.profile.to_dict()), "spec": _digest(fields)}
 
 
 # -- export and quantize ---------------------------------------------------------------------

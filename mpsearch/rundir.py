@@ -254,21 +254,17 @@ class RunDir:
             header = "".join(line for line in _leading_comments(lines))
         atomic_write(self.spec_yaml, (header + spec.to_yaml()).encode())
 
-    def write_inputs(self, *, spec: Mapping[str, Any], summary: Mapping[str, Any],
-                     profile: Mapping[str, Any], run: Mapping[str, Any]) -> None:
-        """``spec.json``, ``summary.json``, ``profile.json`` and ``run.json`` (with the time)."""
+    def write_run(self, *, spec: Mapping[str, Any], run: Mapping[str, Any]) -> None:
+        """``spec.json`` and ``run.json`` (with the time)."""
         write_json(self.spec_json, dict(spec))
-        write_json(self.summary_json, dict(summary))
-        write_json(self.profile_json, dict(profile))
         created = datetime.now(timezone.utc).isoformat(timespec="seconds")
         write_json(self.run_json, {**run, "created": created})
 
-    def read_run(self) -> dict[str, Any]:
-        found = read_json(self.run_json)
-        return found if isinstance(found, dict) else {}
-
-    def measurement_cache(self, split: str, key: Mapping[str, Any]) -> MeasurementCache:
-        return MeasurementCache(self.measurements, split, key)
+    def write_model_info(self, *, summary: Mapping[str, Any], profile: Mapping[str, Any]
+                         ) -> None:
+        """``summary.json`` and ``profile.json``: the model and the profile it is run under."""
+        write_json(self.summary_json, dict(summary))
+        write_json(self.profile_json, dict(profile))
 
     # -- analysis --------------------------------------------------------------------------
     def write_analysis(self, analysis: Mapping[str, Any], *, curve: Mapping[str, Any],

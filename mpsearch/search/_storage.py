@@ -112,22 +112,14 @@ def open_study(
     stored with a new study; an existing study made from other inputs is refused, naming what
     changed, so a resumed or shared search never mixes results.
     """
-    name = spec.study or "mpsearch"
-    storage = _storage(spec.storage, run_dir)
-    exists = name in {s.study_name for s in optuna.get_all_study_summaries(storage)}
-    if exists and not resume and spec.storage is None:
-        raise SearchError(f"{run_dir}: a search already ran here; pass --resume to continue it "
-                          "or choose another --out directory")
+    check_resume(spec, run_dir, inputs, resume)
     sampler = make_sampler(spec.sampler, spec.seed, spec.trials)
-    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+    study = optuna.create_study(study_name=spec.study or "mpsearch",
+                                storage=_storage(spec.storage, run_dir), sampler=sampler,
                                 directions=[optuna.study.StudyDirection[d.upper()]
                                             for d in directions], load_if_exists=True)
-    if inputs is not None:
-        stored = study.user_attrs.get("inputs")
-        if stored is None:
-            study.set_user_attr("inputs", dict(inputs))
-        else:
-            check_inputs(stored, inputs, f"{run_dir}: study '{name}'")
+    if inputs is not None and "inputs" not in study.user_attrs:
+        study.set_user_attr("inputs", dict(inputs))
     if spec.storage is None:
         _retry_interrupted(study)
     return study
@@ -144,10 +136,11 @@ def _existing(spec: SearchSpec, run_dir: Path) -> optuna.Study | None:
         return None
 
 
-def check_resume(spec: SearchSpec, run_dir: Path, inputs: Mapping[str, str],
+def check_resume(spec: SearchSpec, run_dir: Path, inputs: Mapping[str, str] | None,
                  resume: bool) -> None:
-    """Before a search writes anything: a run directory that holds a study needs ``resume``,
-    and a study (resumed or shared) must have been made from the same ``inputs``."""
+    """A run directory that holds a study needs ``resume``, and a study (resumed or shared)
+    must have been made from the same ``inputs`` (when given). The composer calls it before
+    it writes anything; :func:`open_study` again, for callers of the search alone."""
     study = _existing(spec, run_dir)
     if study is None:
         return
@@ -155,7 +148,7 @@ def check_resume(spec: SearchSpec, run_dir: Path, inputs: Mapping[str, str],
         raise SearchError(f"{run_dir}: a search already ran here; pass --resume to continue it "
                           "or choose another --out directory")
     stored = study.user_attrs.get("inputs")
-    if isinstance(stored, dict):
+    if inputs is not None and isinstance(stored, dict):
         check_inputs(stored, inputs, f"{run_dir}: its search")
 
 
