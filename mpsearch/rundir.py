@@ -58,17 +58,28 @@ def _cell(value: Any) -> Any:
     return value
 
 
+_LATENCY_FIELDS = ("latency", "latency_estimate", "latency_ms", "batch_latency_ms")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Baseline:
     """A reference model of a search (FP32, or a uniform format) on the held-out data.
 
-    ``size`` is the weight bytes; ``latency`` is relative to FP32 (None when unknown).
+    ``size`` is the weight bytes; ``latency`` is relative to FP32 (None when unknown): timed
+    where :attr:`Front.latency_source` is ``measured``, else the profile's estimate.
+    ``latency_abs`` is FP32's own latency in the same unit (seconds when measured).
+    ``latency_estimate`` is the profile's estimate relative to FP32 (kept beside a measurement);
+    ``latency_ms`` and ``batch_latency_ms`` are the measured medians at batch 1 and at the
+    spec's batch size (:attr:`Front.latency_batch`).
     """
 
     metric: float
     size: int
     latency: float | None = None
     latency_abs: float | None = None
+    latency_estimate: float | None = None
+    latency_ms: float | None = None
+    batch_latency_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,7 +87,7 @@ class Baseline:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Baseline:
         return cls(metric=float(data["metric"]), size=int(data["size"]),
-                   latency=data.get("latency"), latency_abs=data.get("latency_abs"))
+                   **{k: data.get(k) for k in _LATENCY_FIELDS + ("latency_abs",)})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,6 +99,7 @@ class FrontPoint:
     whose format differs from uniform INT8. ``interval`` is the 95 % interval of ``metric``
     (Wilson for accuracy-like metrics, bootstrap over samples otherwise; None when unknown);
     ``dominated`` is True when another front point beats this one on the held-out re-measure.
+    The latency fields are :class:`Baseline`'s.
     """
 
     index: int
@@ -103,6 +115,9 @@ class FrontPoint:
     source: str
     interval: tuple[float, float] | None = None
     dominated: bool = False
+    latency_estimate: float | None = None
+    latency_ms: float | None = None
+    batch_latency_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -115,7 +130,8 @@ class FrontPoint:
     def from_dict(cls, data: Mapping[str, Any]) -> FrontPoint:
         return cls(index=int(data["index"]), trial=int(data["trial"]),
                    metric=float(data["metric"]), search_metric=data.get("search_metric"),
-                   size=int(data["size"]), latency=data.get("latency"),
+                   size=int(data["size"]),
+                   **{k: data.get(k) for k in _LATENCY_FIELDS},
                    metrics=dict(data.get("metrics", {})), assignment=dict(data["assignment"]),
                    counts=dict(data.get("counts", {})),
                    differs_from_int8=tuple(data.get("differs_from_int8", ())),
@@ -132,7 +148,11 @@ def _interval(value: Any) -> tuple[float, float] | None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Front:
-    """``front.json``: the searched front re-measured on held-out data, with its baselines."""
+    """``front.json``: the searched front re-measured on held-out data, with its baselines.
+
+    ``latency_source``: ``measured`` (timed in ONNX Runtime on this host, batch 1 and
+    ``latency_batch``), ``estimated`` (the profile's cost model) or None (unknown).
+    """
 
     metric: str
     higher_is_better: bool
@@ -143,13 +163,16 @@ class Front:
     evaluations: int
     seconds: float
     timing: Mapping[str, float] = field(default_factory=dict)
+    latency_source: str | None = None
+    latency_batch: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "higher_is_better": self.higher_is_better,
                 "objectives": list(self.objectives), "fp32": self.fp32.to_dict(),
                 "uniform": {k: v.to_dict() for k, v in self.uniform.items()},
                 "points": [p.to_dict() for p in self.points], "evaluations": self.evaluations,
-                "seconds": self.seconds, "timing": dict(self.timing)}
+                "seconds": self.seconds, "timing": dict(self.timing),
+                "latency_source": self.latency_source, "latency_batch": self.latency_batch}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Front:
@@ -159,7 +182,9 @@ class Front:
                    uniform={k: Baseline.from_dict(v) for k, v in data["uniform"].items()},
                    points=tuple(FrontPoint.from_dict(p) for p in data["points"]),
                    evaluations=int(data.get("evaluations", 0)),
-                   seconds=float(data.get("seconds", 0.0)), timing=dict(data.get("timing", {})))
+                   seconds=float(data.get("seconds", 0.0)), timing=dict(data.get("timing", {})),
+                   latency_source=data.get("latency_source"),
+                   latency_batch=data.get("latency_batch"))
 
 
 class MeasurementCache(dict[str, Any]):
@@ -285,9 +310,11 @@ class RunDir:
         write_json(self.front_json, front.to_dict())
         _csv(self.front_csv,
              ["index", "trial", "metric", "metric_low", "metric_high", "dominated",
-              "search_metric", "size", "latency", "counts", "differs_from_int8", "assignment"],
+              "search_metric", "size", "latency", "latency_estimate", "latency_ms",
+              "batch_latency_ms", "counts", "differs_from_int8", "assignment"],
              [[p.index, p.trial, p.metric, *(p.interval or (None, None)), p.dominated,
-               p.search_metric, p.size, p.latency, json.dumps(dict(p.counts)),
+               p.search_metric, p.size, p.latency, p.latency_estimate, p.latency_ms,
+               p.batch_latency_ms, json.dumps(dict(p.counts)),
                " ".join(p.differs_from_int8), json.dumps(dict(p.assignment))]
               for p in front.points])
 

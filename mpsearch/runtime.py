@@ -82,9 +82,12 @@ class Session:
                 collected.setdefault(name, []).append(value)
         return {name: np.concatenate(parts, axis=0) for name, parts in collected.items()}
 
-    def time_batch(self, feeds: Mapping[str, np.ndarray], repeat: int = 10) -> float:
-        """Median seconds for one run of ``feeds`` after one warm-up run."""
-        self.run(feeds)
+    def time_batch(self, feeds: Mapping[str, np.ndarray], repeat: int = 10, *,
+                   warmup: bool = True) -> float:
+        """Median seconds for one run of ``feeds`` (after one warm-up run unless the session
+        just ran batches of this shape)."""
+        if warmup:
+            self.run(feeds)
         times = []
         for _ in range(repeat):
             start = time.perf_counter()

@@ -4,6 +4,7 @@ round trips, and the metric-drop constraint for a lower-is-better metric."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from pathlib import Path
 
@@ -13,7 +14,14 @@ import optuna
 import pytest
 from onnx import numpy_helper
 
-from mpsearch import load_model, load_profile, write_report
+from mpsearch import (
+    estimate_latency,
+    host_int8_isa,
+    load_model,
+    load_profile,
+    summarize,
+    write_report,
+)
 from mpsearch.analysis import assignment_key, dominated_flags, wilson_interval
 from mpsearch.analysis._analysis import curve_steps
 from mpsearch.demo import DEMO_DATA, DEMO_MODEL
@@ -25,6 +33,7 @@ from mpsearch.pipeline import (
     prepare_inputs,
     search_run,
 )
+from mpsearch.profiles import measures_latency
 from mpsearch.rundir import Front, RunDir
 from mpsearch.search import MEASURE_ABOVE, group_nodes
 from mpsearch.spec import SearchSpec, load_spec
@@ -72,17 +81,19 @@ def test_report_views_are_bounded_and_say_so(searched: SearchRun) -> None:
         steps = [p.step for p in analysis.curve if p.order == order]
         assert steps == [0, *curve_steps(nodes, REPORT_VIEW_NODES)] and steps[-1] == nodes
     search_split = (450 - 64) // 2  # the demo's samples less calibration, half held out
-    lowest = {r.node: r for r in analysis.sensitivity if r.format == "int8"}
-    cost = {n: 10 ** (-r.sqnr / 10) + max(r.drop or 0.0, 0.0) for n, r in lowest.items()
-            if r.sqnr is not None}
-    floor = MEASURE_ABOVE * max(cost.values())
-    upper = {r.node for r in analysis.sensitivity if r.format == "int16"}
-    assert upper == {n for n, c in cost.items() if c >= floor and c > 0} and 0 < len(upper) < nodes
+    cost = {(r.node, r.format): 10 ** (-r.sqnr / 10) + max(r.drop or 0.0, 0.0)
+            for r in analysis.sensitivity if r.sqnr is not None}
+    floor = MEASURE_ABOVE * max(c for (_, f), c in cost.items() if f == "int8")
+    formats = ("int8", "int16", "a16w16", "fp16w")  # the profile's lower formats, by rank
+    for below, fmt in itertools.pairwise(formats):  # a format is measured where the one below
+        measured = {n for n, f in cost if f == fmt}  # costs at least the floor
+        assert measured == {n for (n, f), c in cost.items() if f == below and c >= floor > 0}
+    assert 0 < len({n for n, f in cost if f == "int16"}) < nodes
     rows = len(analysis.sensitivity)
     assert analysis.notes == (
         f"every configuration measured on the first 64 of {search_split} samples",
-        "higher formats measured only where the lowest costs at least 10% of the worst "
-        f"node's ({rows} of {2 * nodes} rows)",
+        "a higher format measured only where the one below costs at least 10% of the worst "
+        f"node's ({rows} of {len(formats) * nodes} rows)",
         f"reverse view: the {REPORT_VIEW_NODES} most sensitive of {nodes} nodes",
         f"curves: {REPORT_VIEW_NODES} evenly spaced of {nodes} steps")
     html = write_report(searched.run_dir).read_text()
@@ -91,6 +102,38 @@ def test_report_views_are_bounded_and_say_so(searched: SearchRun) -> None:
     header = html[:html.index("<nav>")]  # title and the run line: names, never folders
     assert "<title>mpsearch report: demo.onnx</title>" in header
     assert str(DEMO_MODEL.parent) not in header and str(searched.run_dir) not in header
+
+
+def test_front_latency_is_timed_where_this_host_runs_the_target(searched: SearchRun) -> None:
+    """x86 ORT on an x86 host: every front point and baseline carries its median batch-1 and
+    batch-N ORT times (the held-out cache's latency entries), relative to FP32's, with the
+    profile's estimate beside them."""
+    front = searched.front
+    profile = load_profile(json.loads((searched.run_dir / "run.json").read_text())[
+        "resolved_profile"])
+    if not measures_latency(profile):
+        pytest.skip(f"this host does not run the target of {profile.name} "
+                    f"({host_int8_isa().describe()})")
+    assert front.latency_source == "measured" and front.latency_batch == 64
+    held = json.loads(RunDir(searched.run_dir).measurements.read_text())["splits"]["held-out"]
+    timed = {k: v for k, v in held["entries"].items() if "@latency" in k}
+    fp32 = front.fp32
+    assert fp32.latency == 1.0 and fp32.latency_ms is not None and fp32.batch_latency_ms
+    assert fp32.latency_abs == pytest.approx(fp32.latency_ms / 1e3)
+    fp32_estimate = estimate_latency(load_model(DEMO_MODEL), summarize(load_model(DEMO_MODEL)),
+                                     profile, {})
+    assert fp32_estimate is not None
+    for item in (*front.points, *front.uniform.values()):
+        assert item.latency_ms is not None and item.batch_latency_ms is not None
+        assert item.latency == pytest.approx(item.latency_ms / fp32.latency_ms)
+        assert any(item.latency_ms == pytest.approx(1e3 * v["seconds"])
+                   for v in timed.values() if v["batch"] == 1)
+    assert {v["batch"] for v in timed.values()} == {1, 64}
+    for point in front.points:
+        estimate = estimate_latency(load_model(DEMO_MODEL), summarize(load_model(DEMO_MODEL)),
+                                    profile, point.assignment)
+        assert estimate is not None
+        assert point.latency_estimate == pytest.approx(estimate / fp32_estimate)
 
 
 def test_curve_steps_keep_the_ends() -> None:
@@ -106,7 +149,7 @@ def test_front_json_round_trips_through_rundir(searched: SearchRun) -> None:
     assert json.loads(run.front_json.read_text()) == front.to_dict()
     assert front.objectives == ("metric", "size")
     held = json.loads(run.measurements.read_text())["splits"]["held-out"]["entries"]
-    (n,) = {entry["samples"] for entry in held.values()}
+    (n,) = {entry["samples"] for entry in held.values() if "metrics" in entry}
     for point in front.points:  # accuracy: Wilson interval of k correct of the held-out n
         assert point.interval == wilson_interval(round(point.metric * n), n)
         assert point.interval[0] <= point.metric <= point.interval[1]

@@ -124,7 +124,10 @@ def test_x86_profile_matches_measurements() -> None:
     assert int16.activation.bits == 16 and int16.weight.bits == 8
     assert (int16.executes, int16.relative_cost) == ("emulated", 2.0)
     assert fp32.is_float and fp32.relative_cost == 1.0 and p.cost_reference == "fp32"
-    assert p.formats_for("Conv") == ("int8", "int16", "fp32")
+    a16w16, fp16w = p.format("a16w16"), p.format("fp16w")
+    assert a16w16.activation.bits == a16w16.weight.bits == 16 and a16w16.executes == "emulated"
+    assert fp16w.activation.dtype == "float32" and fp16w.weight.dtype == "float16"
+    assert p.formats_for("Conv") == ("int8", "int16", "a16w16", "fp16w", "fp32")
     assert p.formats_for("Erf") == ("fp32",)
     assert p.fallback == "per_op" and p.memory_budget_bytes is None
 
@@ -157,7 +160,7 @@ def test_edge_tpu_fallback_and_budget() -> None:
 # -- queries -----------------------------------------------------------------------------------
 def test_formats_for_node() -> None:
     p = load_profile("x86_ort")
-    assert p.formats_for_node(Node("Conv")) == ("int8", "int16", "fp32")
+    assert p.formats_for_node(Node("Conv")) == ("int8", "int16", "a16w16", "fp16w", "fp32")
     assert p.formats_for_node(Node("Conv", quantizable=False)) == ("fp32",)
     assert p.formats_for_node(Node("NonMaxSuppression")) == ("fp32",)
 
@@ -406,7 +409,7 @@ MALFORMED = [
     ("axis_per_tensor", ACT8, ACT8.replace("}", ", axis: 1}"),
      "{f}:7: formats.int8.activation.axis only applies with granularity per_channel"),
     ("float_bias_mismatch", "    bias: float32\n", "    bias: int32\n",
-     "{f}:18: formats.fp32.bias must be float32 like the weights, got 'int32'"),
+     "{f}:18: formats.fp32.bias must be float32 with float32 weights, got 'int32'"),
     ("bad_fixed_qparams", "    formats: [int8]\n",
      "    formats: [int8]\n    fixed_qparams: {uint8: [0.5]}\n",
      "{f}:27: op_rules.Add.fixed_qparams.uint8 must be [scale, zero_point] with scale > 0 and an "

@@ -47,18 +47,18 @@ def _fq(x: np.ndarray, scale: np.ndarray, zero: np.ndarray, dtype: str) -> np.nd
 
 
 def _expected(graph: ModelGraph, table: object, x: np.ndarray, gemm: str, relu: str,
-              weight_qmax: int) -> tuple[np.ndarray, float]:
+              weight_qmax: int, weight_dtype: str = "int8") -> tuple[np.ndarray, float]:
     """NumPy fake quantization of the Gemm -> Relu model; returns (y, output step)."""
     def act(tensor: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
         bits = 16 if "16" in dtype else 8
         lo, hi = table.range(tensor, bits=bits, symmetric=False)  # type: ignore[attr-defined]
         return qparams(lo, hi, dtype, symmetric=False)
 
-    adt = {"int8": "uint8", "int16": "uint16"}
+    adt = {"int8": "uint8", "int16": "uint16", "a16w16": "uint16"}
     s_x, z_x = act("x", adt[gemm])
     w, b = graph.initializers["W"], graph.initializers["B"]
     s_w = (np.abs(w).max(axis=1) / weight_qmax).astype(np.float32)  # symmetric per channel
-    wq = _fq(w, s_w[:, None], np.zeros((4, 1)), "int8")
+    wq = _fq(w, s_w[:, None], np.zeros((4, 1)), weight_dtype)
     s_b = (s_x.astype(np.float64) * s_w).astype(np.float32)
     bq = np.round(b / s_b) * s_b
     g = _fq(x, s_x, z_x, adt[gemm]) @ wq.T + bq
@@ -74,9 +74,10 @@ def _expected(graph: ModelGraph, table: object, x: np.ndarray, gemm: str, relu: 
 
 @pytest.mark.parametrize("profile_name", ["x86_ort", "x86_ort_avx2"])
 @pytest.mark.parametrize(("gemm", "relu"), [("int8", "int8"), ("int16", "int16"),
-                                            ("int8", "int16")])
+                                            ("int8", "int16"), ("a16w16", "a16w16")])
 def test_numerics_match_numpy_fake_quantization(gemm: str, relu: str, profile_name: str) -> None:
-    """ORT with graph optimizations off runs DQ -> float op -> Q: exactly fake quantization."""
+    """ORT with graph optimizations off runs DQ -> float op -> Q: exactly fake quantization
+    (a16w16: 16-bit activations and int16 weights, one scale per output channel)."""
     graph = _gemm_relu()
     rng = np.random.default_rng(1)
     x = rng.standard_normal((64, 8)).astype(np.float32)
@@ -84,10 +85,33 @@ def test_numerics_match_numpy_fake_quantization(gemm: str, relu: str, profile_na
     profile = load_profile(profile_name)
     model = build_qdq(graph, table, profile, make_assignment(
         graph, profile, {"gemm": gemm, "relu": relu}))
-    weight = profile.format("int8").weight
-    expected, step = _expected(graph, table, x, gemm, relu, weight.qmax)
+    weight = profile.format(gemm).weight
+    assert weight.dtype == ("int16" if gemm == "a16w16" else "int8")
+    expected, step = _expected(graph, table, x, gemm, relu, weight.qmax, weight.dtype)
     emulated = create_session(model, optimize=False).run({"x": x})["y"]
     np.testing.assert_allclose(emulated, expected, rtol=0, atol=1e-5 + 1e-3 * step)
+
+
+@pytest.mark.parametrize("profile_name", ["x86_ort", "x86_ort_avx2"])
+def test_fp16_weights_keep_float32_activations(profile_name: str) -> None:
+    """fp16w stores the weights as float16 (one Cast back to float32, folded by ORT at load)
+    and touches no activation: the output is the float model's with float16-rounded weights,
+    and the size model counts 2 bytes a weight."""
+    graph = _gemm_relu()
+    x = np.random.default_rng(1).standard_normal((64, 8)).astype(np.float32)
+    table = calibrate(graph, Dataset(inputs={"x": x}, labels=None, source="random"))
+    profile = load_profile(profile_name)
+    assignment = make_assignment(graph, profile, {"gemm": "fp16w", "relu": "fp16w"})
+    model = build_qdq(graph, table, profile, assignment)
+    ops = sorted(n.op_type for n in model.graph.node)
+    assert ops == ["Cast", "Gemm", "Relu"]
+    stored = {t.name: t.data_type for t in model.graph.initializer}
+    assert sorted(stored.values()) == sorted([TensorProto.FLOAT16, TensorProto.FLOAT])  # W, B
+    w = graph.initializers["W"].astype(np.float16).astype(np.float32)
+    expected = np.maximum(x @ w.T + graph.initializers["B"], 0)
+    out = create_session(model).run({"x": x})["y"]
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+    assert model_size(graph, profile, assignment) == 4 * 8 * 2 + 4 * 4
 
 
 @pytest.mark.parametrize("gemm", ["int8", "int16"])

@@ -110,8 +110,12 @@ def test_group_costs_measure_int16_only_above_the_floor() -> None:
     above = [g.name for g in groups if int8[g.name] >= MEASURE_ABOVE]  # 1, 1/2, 1/4, 1/8
     assert calls == [(g.name, "int8") for g in groups] + [(n, "int16") for n in above]
     assert all(costs[(n, "int16")] == int8[n] / 100 for n in above)
+    # a16w16 and fp16w are never measured here: int16 already costs < the floor everywhere,
+    # so their costs are int16's scaled by the grids' noise power ratio
     assert all(costs[(g.name, "fp32")] == 0.0 for g in groups)
-    assert len(costs) == 3 * len(groups)
+    assert len(costs) == 5 * len(groups)
+    assert all(costs[(g.name, "a16w16")] == costs[(g.name, "int16")] * 4.0 ** -8
+               for g in groups if any(graph.nodes[n].weights for n in g.nodes))
 
 
 def test_groups_cover_quantizable_nodes_once() -> None:
@@ -121,7 +125,7 @@ def test_groups_cover_quantizable_nodes_once() -> None:
     members = [n for g in groups for n in g.nodes]
     assert len(members) == len(set(members))
     assert all(graph.nodes[g.name].weights for g in groups if len(g.nodes) > 1)
-    assert all(g.formats == ("int8", "int16", "fp32") for g in groups)
+    assert all(g.formats == ("int8", "int16", "a16w16", "fp16w", "fp32") for g in groups)
     assert len(groups) < len(graph.quantizable_nodes())  # activations follow their producer
 
 

@@ -530,7 +530,8 @@ def test_failed_job_shows_one_line(client: TestClient, tiny: tuple[Path, Path]) 
     data = _data(client, model, tiny[1])
     strict = _upload(client, f"/models/{model}/profiles", "strict.yaml",
                      b"schema: 1\nname: strict\nextends: x86_ort\nfallback: error\n"
-                     b"unlisted_ops: []\n").json()["id"]
+                     b"unlisted_ops: []\nop_rules:\n  Flatten: {formats: [int8]}\n"
+                     ).json()["id"]
     form = {**QUICK, "data": data, "kind": "analysis", "profile": f"upload:{strict}"}
     job = client.post(f"/models/{model}/jobs", data=form, headers=JSON).json()["id"]
     status = _wait(client, job, ("done", "failed"))

@@ -114,7 +114,7 @@ def test_embedding_gather_is_a_weight_only_node(bert: tuple[Path, ModelGraph, np
     profile = mpsearch.load_profile("x86_ort")
     groups = {g.name: g for g in group_nodes(graph, profile)}
     assert groups["embed"].nodes == ("embed",)
-    assert groups["embed"].formats == ("int8", "int16", "fp32")
+    assert groups["embed"].formats == ("int8", "int16", "a16w16", "fp16w", "fp32")
     fp32 = mpsearch.uniform_assignment(graph, profile, "fp32")
     only_table = dict(fp32.formats, embed="int8")
     # per-row int8: one byte a value, plus a float32 scale and an int8 zero point per row

@@ -258,7 +258,7 @@ def analyze(
     ``curve`` default to on, except in proxy mode (meant for models too large for them).
     ``reverse_top`` restores only that many nodes, the most sensitive first,
     ``curve_max_steps`` measures that many evenly spaced steps of each curve, and
-    ``measure_above`` measures a node's higher formats only where its lowest one costs that
+    ``measure_above`` measures a node's next format up only where the one below costs that
     fraction of the worst node's (:func:`measure_sensitivity`): bounded views, named in
     :attr:`Analysis.notes`.
     """
@@ -284,7 +284,7 @@ def analyze(
                      f"{len(measurer.data)} samples")
     pairs = sum(len(fmts) for _, fmts in targets)
     if not proxy and len(rows) < pairs:
-        notes.append(f"higher formats measured only where the lowest costs at least "
+        notes.append(f"a higher format measured only where the one below costs at least "
                      f"{measure_above:.0%} of the worst node's ({len(rows)} of {pairs} rows)")
     restored = [n for n, _ in targets]
     if reverse_top is not None and reverse_top < len(restored):

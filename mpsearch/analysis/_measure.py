@@ -214,6 +214,26 @@ class Measurer:
             self.on_new()
         return result
 
+    def latency(self, formats: Mapping[str, str], *, batch: int = 1, repeat: int = 5) -> float:
+        """Median seconds of one ONNX Runtime run of the model with ``formats`` on the first
+        ``batch`` samples, of ``repeat`` timed runs; cached like the measurements (a rerun does
+        not time again). The session of the configuration measured last is reused: timed at
+        the measuring batch size, the pass it just ran was the warm-up."""
+        canonical = self.canonical(formats)
+        base = assignment_key(canonical)
+        batch = self.count(batch)
+        key = f"{base}@latency{batch}"
+        if key not in self.cache:
+            warm = (self._open is not None and self._open.key == base and bool(self._open.outputs)
+                    and batch == self.batch_size)
+            state = self._continue(base, canonical)
+            feeds = next(iter(self.data.batches(batch, stop=batch)))
+            seconds = state.session.time_batch(feeds, repeat, warmup=not warm)
+            self.cache[key] = {"seconds": seconds, "batch": batch, "repeat": repeat}
+            if self.on_new is not None:
+                self.on_new()
+        return float(self.cache[key]["seconds"])
+
     def _continue(self, base: str, formats: Mapping[str, str]) -> _Open:
         """The open state of ``base`` (the configuration measured last), else a new one."""
         if self._open is not None and self._open.key == base:

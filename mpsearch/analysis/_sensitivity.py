@@ -135,21 +135,29 @@ def measure_sensitivity(
     """Each (node, format) of ``targets`` quantized alone, on the first ``samples`` samples;
     unranked rows in topological order.
 
-    With ``measure_above``, a node's higher formats are measured only where its lowest format
+    With ``measure_above``, a node's next format up is measured only where the format below it
     costs (:meth:`Measurement.cost`) at least that fraction of the largest lowest-format cost:
-    a node that barely notices INT8 has no INT16 row.
+    a node that barely notices INT8 has no INT16 row, one that INT16 already fixes no row above.
     """
     fp32 = measurer.fp32(samples)
     higher = measurer.higher_is_better
     lowest = [(node, fmts[0]) for node, fmts in targets]
     measured = {(n.name, f): measurer.measure({n.name: f}, samples=samples)
                 for n, f in steps(lowest, "sensitivity", progress, unit="cfg")}
-    costs = {n: m.cost(fp32.value, higher) for (n, _), m in measured.items()}
-    floor = 0.0 if measure_above is None else measure_above * max(costs.values(), default=0.0)
-    upper = [(node, fmt) for node, fmts in targets for fmt in fmts[1:]
-             if measure_above is None or (costs[node.name] >= floor and costs[node.name] > 0)]
-    for node, fmt in steps(upper, "sensitivity (higher formats)", progress, unit="cfg"):
-        measured[(node.name, fmt)] = measurer.measure({node.name: fmt}, samples=samples)
+
+    def cost(node: Node, fmt: str) -> float:
+        return measured[(node.name, fmt)].cost(fp32.value, higher)
+
+    floor = 0.0 if measure_above is None else measure_above * max(
+        (cost(n, f) for n, f in lowest), default=0.0)
+    for level in range(1, max((len(fmts) for _, fmts in targets), default=0)):
+        upper = [(node, fmts[level]) for node, fmts in targets if level < len(fmts)
+                 and (node.name, fmts[level - 1]) in measured
+                 and (measure_above is None or (cost(node, fmts[level - 1]) >= floor
+                                                and cost(node, fmts[level - 1]) > 0))]
+        stage = f"sensitivity ({'/'.join(sorted({f for _, f in upper}))})"
+        for node, fmt in steps(upper, stage, progress, unit="cfg"):
+            measured[(node.name, fmt)] = measurer.measure({node.name: fmt}, samples=samples)
     rows = []
     for node, fmts in targets:
         for fmt in fmts:

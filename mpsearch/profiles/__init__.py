@@ -7,6 +7,7 @@ from mpsearch.profiles._cpu import (
     Int8Isa,
     check_profile_for_cpu,
     host_int8_isa,
+    measures_latency,
     x86_profile_for,
 )
 from mpsearch.profiles._schema import (
@@ -55,6 +56,7 @@ __all__ = [
     "list_profiles",
     "list_shipped",
     "load_profile",
+    "measures_latency",
     "read_profile",
     "resolve_profile",
     "shipped_profile_path",

@@ -16,9 +16,13 @@ import logging
 import platform
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mpsearch.profiles._types import HardwareProfile
 
 __all__ = ["AUTO_X86_PROFILE", "Int8Isa", "check_profile_for_cpu", "host_int8_isa",
-           "x86_profile_for"]
+           "measures_latency", "x86_profile_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -126,3 +130,9 @@ def check_profile_for_cpu(profile_name: str, isa: Int8Isa | None = None) -> str 
     return (f"profile x86_ort_avx2 gives up one bit of every int8 weight for AVX2-only CPUs, but "
             f"this CPU is {isa.describe()}; use x86_ort (or {AUTO_X86_PROFILE}) to search for "
             "this machine")
+
+
+def measures_latency(profile: HardwareProfile, isa: Int8Isa | None = None) -> bool:
+    """True when this host runs ``profile``'s target runtime itself (``runtime:
+    onnxruntime-cpu`` on an x86 CPU), so latency is timed instead of estimated."""
+    return profile.runtime == "onnxruntime-cpu" and (isa or host_int8_isa()).x86

@@ -22,6 +22,7 @@ from mpsearch.profiles._types import (
     EXECUTES,
     FALLBACKS,
     GRANULARITIES,
+    RUNTIMES,
     SCALES,
     SCHEMA_VERSION,
     WEIGHT_DTYPES,
@@ -38,7 +39,7 @@ logger = logging.getLogger(__name__)
 UNKNOWN = ("unknown",)
 TOP_KEYS = ("schema", "name", "extends", "description", "versions", "sources", "formats",
             "default_format", "cost_reference", "fallback", "unlisted_ops", "op_rules",
-            "transition_cost", "memory_budget_bytes", "unknowns")
+            "transition_cost", "memory_budget_bytes", "runtime", "unknowns")
 REQUIRED_TOP = ("description", "versions", "sources", "formats", "default_format", "fallback",
                 "op_rules", "transition_cost", "memory_budget_bytes")
 FORMAT_KEYS = ("activation", "weight", "bias", "executes", "relative_cost")
@@ -186,6 +187,7 @@ def build_profile(root: Section, path: Path) -> HardwareProfile:
         "fallback": root.get_str("fallback", choices=FALLBACKS),
         "transition_cost": root.get_float("transition_cost", minimum=0.0, unknown=UNKNOWN),
         "memory_budget_bytes": root.get_int("memory_budget_bytes", minimum=0, unknown=UNKNOWN),
+        "runtime": root.get_str("runtime", None, choices=RUNTIMES),
     }
     unknowns = _unknowns(root.get_str_list("unknowns", ()), formats, rules, fields)
     return HardwareProfile(formats=formats, default_format=default, cost_reference=reference,
@@ -237,8 +239,9 @@ def _parse_format(sec: Section, name: str) -> Format:
     activation = _parse_tensor(sec.section("activation"), ACTIVATION_DTYPES)
     weight = _parse_tensor(sec.section("weight"), WEIGHT_DTYPES)
     bias = sec.get_str("bias", choices=BIAS_DTYPES)
-    if weight.is_float and bias != weight.dtype:
-        sec.fail("bias", f"{sec.path('bias')} must be {weight.dtype} like the weights, "
+    if weight.is_float and bias not in (weight.dtype, "float32"):
+        allowed = " or ".join(sorted({weight.dtype, "float32"}))
+        sec.fail("bias", f"{sec.path('bias')} must be {allowed} with {weight.dtype} weights, "
                  f"got '{bias}'")
     if not weight.is_float and bias == "float16":
         sec.fail("bias", f"{sec.path('bias')} must be int32 or float32 with {weight.dtype} "

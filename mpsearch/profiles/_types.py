@@ -30,6 +30,7 @@ __all__ = [
     "EXECUTES",
     "FALLBACKS",
     "GRANULARITIES",
+    "RUNTIMES",
     "SCALES",
     "SCHEMA_VERSION",
     "WEIGHT_DTYPES",
@@ -53,6 +54,9 @@ GRANULARITIES = ("per_tensor", "per_channel")
 SCALES = ("float", "pow2")
 EXECUTES = ("accelerator", "cpu_fallback", "emulated")
 FALLBACKS = ("per_op", "after_first_unsupported", "error")
+#: Runtimes a profile may name as the target's own (``runtime``): its latency can then be
+#: measured on a host of the same kind instead of estimated.
+RUNTIMES = ("onnxruntime-cpu",)
 
 _INT_DTYPES = ("int8", "uint8", "int16", "uint16")
 _BITS = {"int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "float16": 16, "float32": 32}
@@ -245,6 +249,9 @@ class HardwareProfile:
     ``transition_cost`` is the cost of one precision change per tensor element, in the units of
     :meth:`relative_cost`.
     ``memory_budget_bytes`` bounds the bytes of weights kept on the accelerator.
+    ``runtime`` names the target's runtime when a host can run it as the target does
+    (``onnxruntime-cpu``: ONNX Runtime's CPU execution provider on an x86 CPU), so latency is
+    timed rather than estimated (:func:`mpsearch.profiles.measures_latency`); None otherwise.
     """
 
     name: str
@@ -260,10 +267,13 @@ class HardwareProfile:
     transition_cost: float | None
     memory_budget_bytes: int | None
     unknowns: tuple[str, ...] = ()
+    runtime: str | None = None
     path: str | None = None
 
     def __post_init__(self) -> None:
         _check_choice(f"profile {self.name}", "fallback", self.fallback, FALLBACKS)
+        if self.runtime is not None:
+            _check_choice(f"profile {self.name}", "runtime", self.runtime, RUNTIMES)
         used = [n for rule in self.op_rules.values() for n in rule.formats]
         for name in (self.default_format, self.cost_reference, *self.unlisted_ops, *used):
             if name not in self.formats:
@@ -393,6 +403,7 @@ class HardwareProfile:
             "op_rules": {op: r.to_dict() for op, r in self.op_rules.items()},
             "transition_cost": self.transition_cost,
             "memory_budget_bytes": self.memory_budget_bytes, "unknowns": list(self.unknowns),
+            **({"runtime": self.runtime} if self.runtime is not None else {}),
         }
 
 

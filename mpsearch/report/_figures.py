@@ -331,12 +331,17 @@ def _assignment_hover(point: Mapping[str, Any]) -> str:
     return "<br>".join(lines)
 
 
-def _latency_marker(latencies: Sequence[float | None]) -> dict[str, Any]:
-    """Front markers colored by est. latency (with a color bar) when every point has one."""
+def latency_label(front: Mapping[str, Any]) -> str:
+    """'latency' when the front's latencies were timed on this host, else 'est. latency'."""
+    return "latency" if front.get("latency_source") == "measured" else "est. latency"
+
+
+def _latency_marker(latencies: Sequence[float | None], label: str) -> dict[str, Any]:
+    """Front markers colored by latency (with a color bar) when every point has one."""
     marker: dict[str, Any] = {"size": 11, "line": {"color": "#333333", "width": 1}}
     if latencies and all(v is not None for v in latencies):
         marker.update(color=[_r(v) for v in latencies], colorscale="Viridis", showscale=True,
-                      colorbar={"title": {"text": "est. latency<br>(× FP32)"}})
+                      colorbar={"title": {"text": f"{label}<br>(× FP32)"}})
     else:
         marker["color"] = "#1f77b4"
     return marker
@@ -362,7 +367,7 @@ def _interval_text(point: Mapping[str, Any]) -> str:
 
 
 def figure_front(front: Mapping[str, Any], trials: Sequence[Mapping[str, Any]]) -> Figure:
-    """Metric vs size of every trial (faint) and the Pareto front (color = est. latency), each
+    """Metric vs size of every trial (faint) and the Pareto front (color = latency), each
     front point with its held-out 95 % interval as an error bar; points that another point
     dominates after the re-measure are hollow.
 
@@ -377,7 +382,8 @@ def figure_front(front: Mapping[str, Any], trials: Sequence[Mapping[str, Any]]) 
     sizes += [r.get("size") or 0 for r in refs.values()]
     scale, unit = size_unit(max(sizes, default=0))
     done = [t for t in trials if t.get("metric") is not None and t.get("size") is not None]
-    marker = _latency_marker([p.get("latency") for p in points])
+    label = latency_label(front)
+    marker = _latency_marker([p.get("latency") for p in points], label)
     marker["symbol"] = ["circle-open" if p.get("dominated") else "circle" for p in points]
     known = "colorbar" in marker
     data: list[dict[str, Any]] = [
@@ -396,7 +402,7 @@ def figure_front(front: Mapping[str, Any], trials: Sequence[Mapping[str, Any]]) 
          "hovertext": [_assignment_hover(p) for p in points],
          "hovertemplate": f"%{{hovertext}}<br>{metric} %{{y}}, %{{x}} {unit}"
                           + "<br>%{customdata[2]}"
-                          + ("<br>est. latency %{customdata[1]}× FP32" if known else "")
+                          + (f"<br>{label} %{{customdata[1]}}× FP32" if known else "")
                           + "<br><i>click to select</i><extra></extra>"},
     ]
     bars = _interval_bars(points)

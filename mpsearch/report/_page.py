@@ -171,7 +171,8 @@ function select(k) {
   Plotly.restyle(gd, {x: [j < 0 ? [] : [t.x[j]]], y: [j < 0 ? [] : [t.y[j]]]},
                  [uids.indexOf("selected")]);
   $("point-summary").textContent = "Point " + k + ": " + F.metric + " " + num(p.metric, 4) +
-    ", size " + size(p.size) + ", est. latency " + num(p.latency, 2) + "\u00d7 FP32; " +
+    ", size " + size(p.size) + ", " + F.latency_label + " " + num(p.latency, 2) +
+    "\u00d7 FP32; " +
     Object.keys(p.counts).map(function (f) { return f + " " + p.counts[f]; }).join(", ");
   $("point-command").textContent =
     "mpsearch export " + F.run_dir + " --point " + k + " --out model.onnx";
@@ -331,25 +332,48 @@ def _interval_cell(interval: Any) -> str:
 
 
 def _front_table(front: Mapping[str, Any]) -> str:
-    """Every front point with its held-out metric, 95 % interval and whether it is dominated."""
-    rows = [[p["index"], _num(p["metric"]), _interval_cell(p.get("interval")),
-             f'{p["size"] or 0:,}', _num(p.get("latency")),
-             "dominated" if p.get("dominated") else "front"] for p in front["points"]]
+    """The baselines and every front point of ``front.json``: held-out metric, 95 % interval,
+    latency (measured beside estimated where this host ran the target) and whether a point is
+    dominated."""
+    measured = front.get("latency_source") == "measured"
+    head = ["point", f"{front.get('metric', 'metric')} (held-out)", "95 % interval", "bytes"]
+    if measured:
+        batch = front.get("latency_batch")
+        head += ["measured latency (× FP32)", "est. latency (× FP32)", "ms, batch 1",
+                 f"ms, batch {batch}"]
+    else:
+        head += ["est. latency (× FP32)"]
+    rows = []
+    for name, p in [("FP32", front.get("fp32") or {}),
+                    *((f.upper(), b) for f, b in (front.get("uniform") or {}).items()),
+                    *((str(p["index"]), p) for p in front.get("points", ()))]:
+        row = [name, _num(p.get("metric")), _interval_cell(p.get("interval")),
+               f'{p.get("size") or 0:,}', _num(p.get("latency"))]
+        if measured:
+            row += [_num(p.get("latency_estimate")), _num(p.get("latency_ms")),
+                    _num(p.get("batch_latency_ms"))]
+        status = "baseline" if "index" not in p else (
+            "dominated" if p.get("dominated") else "front")
+        rows.append([*row, status])
+    timing = ("Latency is the median of ONNX Runtime runs of each built model on this machine "
+              "(batch 1 and the spec's batch), relative to FP32's; the profile's estimate "
+              "stands beside it. " if measured else
+              "Latency is the profile's estimate (relative costs x MACs), not a measurement. ")
     note = ('<p class="muted">Held-out metric with its 95 % interval (Wilson for accuracy, top5 '
-            "and agreement; bootstrap over samples otherwise). A point is <i>dominated</i> when "
-            "another point is at least as good on every objective after the held-out re-measure "
-            "(hollow in the chart).</p>")
-    return note + _table(["point", f"{front['metric']} (held-out)", "95 % interval", "bytes",
-                          "est. latency", "status"], rows, scroll=True)
+            "and agreement; bootstrap over samples otherwise). " + timing + "A point is "
+            "<i>dominated</i> when another point is at least as good on every objective after "
+            "the held-out re-measure (hollow in the chart).</p>")
+    return note + _table([*head, "status"], rows, scroll=True)
 
 
-def _front_html(charts: Mapping[str, Any], front: Mapping[str, Any] | None) -> str:
+def _front_html(charts: Mapping[str, Any], front: Mapping[str, Any] | None,
+                front_json: Mapping[str, Any]) -> str:
     if front is None:
         return _not_run("Search", "front.json", "Run `mpsearch search` to get a Pareto front.")
     options = "".join(
         f'<option value="{p["index"]}">point {p["index"]}: {esc(front["metric"])} '
         f'{_num(p["metric"])}, {p["size"] or 0:,} bytes</option>' for p in front["points"])
-    return (f'{_chart("chart-front", charts)}{_front_table(front)}'
+    return (f'{_chart("chart-front", charts)}{_front_table(front_json)}'
             '<h3 id="point">Selected point</h3>'
             '<p class="muted">Click a point of the front, or pick one: '
             f'<select id="point-select">{options}</select></p><p id="point-summary"></p>'
@@ -387,7 +411,8 @@ def render_page(files: Mapping[str, Any], payload: Mapping[str, Any],
         ("distributions", "Weight and activation distributions", _distributions_html(dist_nodes)),
         ("curve", "Node-by-node curve", _chart("chart-curve", charts) or _not_run(
             "Node-by-node curve", "curve.json", "Run `mpsearch analyze`.")),
-        ("front", "Pareto front", _front_html(charts, payload["front"])),
+        ("front", "Pareto front", _front_html(charts, payload["front"],
+                                              files.get("front.json") or {})),
     ]
     nav = "".join(f'<a href="#{i}">{esc(t)}</a>' for i, t, _ in sections)
     body = "".join(f'<section id="{i}"><h2>{esc(t)}</h2>{b}</section>' for i, t, b in sections)

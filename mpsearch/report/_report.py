@@ -224,6 +224,7 @@ def _front_data(files: RunFiles, run_dir: str) -> dict[str, Any] | None:
                                 if n in p.get("assignment", {}) else -1 for n in nodes]}
                    for i, p in enumerate(points)],
         "default": best.get("index", 0), "run_dir": shlex.quote(run_dir),
+        "latency_label": figs.latency_label(front),
         "metric": _metric_name(files),
     }
 

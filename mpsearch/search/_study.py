@@ -3,7 +3,8 @@
 Consumes the run's :class:`~mpsearch.analysis.Measurer` (graph, profile, calibration table and
 the search split, with the measurements the analysis already made), the model summary and a
 :class:`~mpsearch.spec.SearchSpec`; produces the Pareto front of per-node format assignments
-(metric up, size down, optionally estimated latency down) on the search split.
+(metric up, size down, optionally latency down: timed in ONNX Runtime where this host runs the
+profile's target, else estimated) on the search split.
 
 * Space: one ordered integer dimension per group of nodes (a weighted node and the weightless
   nodes that follow it, which runtimes fuse), values = the formats the profile allows, by rank.
@@ -32,6 +33,7 @@ import optuna
 from mpsearch.analysis import Measurement, Measurer
 from mpsearch.assignment import Assignment, estimate_latency, make_assignment, model_size
 from mpsearch.errors import SearchError
+from mpsearch.profiles import measures_latency
 from mpsearch.progress import Progress, Reporter
 from mpsearch.search._seeds import (
     Group,
@@ -127,9 +129,12 @@ class _Objective:
         return formats if model_size(graph, profile, formats) <= self.max_size else None
 
     def values(self, metric: float, assignment: Assignment) -> tuple[float, ...]:
+        """(metric, size[, latency]): latency timed in ONNX Runtime where this host runs the
+        profile's target (batch 1, median seconds), else the profile's estimate."""
         out = [metric, float(model_size(self.graph, self.profile, assignment))]
         if "latency" in self.spec.objectives:
-            latency = estimate_latency(self.graph, self.summary, self.profile, assignment)
+            latency = (self.measurer.latency(assignment) if measures_latency(self.profile)
+                       else estimate_latency(self.graph, self.summary, self.profile, assignment))
             out.append(float("nan") if latency is None else latency)
         return tuple(out)
 
