@@ -6,6 +6,9 @@ For N in --samples (default 128 and 512) it measures, each job in a fresh subpro
 * ``fp32``: a plain FP32 inference pass over the N samples (ORT, all graph optimizations);
 * ``mpsearch``: :func:`mpsearch.calibrate.calibrate` (the one streaming pass) and then the
   ranges of every tensor for each method (minmax, percentile, entropy, mse);
+* ``cli``: ``mpsearch calibrate MODEL --data DATA --out DIR`` with default flags (the batch
+  chosen from the activation memory budget), as a user runs it: its wall time includes the
+  process start, imports and model load; its peak RSS is the command's own;
 * ``ort-minmax``, ``ort-percentile``, ``ort-entropy``: ``create_calibrator`` with ONNX Runtime's
   defaults (Percentile: 2048 bins, 99.999 %, symmetric; Entropy: 128 bins, 128 quantized bins).
   ORT's histogram calibrators keep every activation of every batch in memory, so at large N
@@ -22,7 +25,7 @@ the real MobileNetV2 of ``benchmarks/real_models.py``. Data: ``benchmarks/_model
 when present (ImageNet-preprocessed photos), else seeded smooth random images.
 
 Run: ``python benchmarks/bench_calibration.py --model resnet18`` (add ``--quick`` for a smoke
-run with small N).
+run with small N; ``--jobs fp32 cli --samples 512`` for the default-flags memory row alone).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ sys.path.insert(0, str(ROOT.parent))
 from _results import load_sibling  # noqa: E402
 
 METHODS = ("minmax", "percentile", "entropy", "mse")
+JOBS = ("fp32", "exposed", "mpsearch", "mpsearch-noopt", "cli", "ort-minmax", "ort-percentile",
+        "ort-entropy")
 ORT_METHODS = ("minmax", "percentile", "entropy")
 
 
@@ -143,6 +148,17 @@ def job_mpsearch(model: str, x: np.ndarray, batch: int, threads: int,
             "tensors": len(table.tensors)}
 
 
+def job_cli(model: str, data: str) -> dict[str, Any]:
+    """``mpsearch calibrate`` with default flags in its own process; its peak RSS."""
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "mpsearch", "calibrate", model, "--data", data,
+                        "--out", out], check=True, capture_output=True)
+        seconds = time.perf_counter() - start
+    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
+    return {"seconds": seconds, "command_rss_mb": child}
+
+
 def job_ort(model: str, x: np.ndarray, batch: int, method: str) -> dict[str, Any]:
     from onnxruntime.quantization.calibrate import (
         CalibrationDataReader,
@@ -178,7 +194,9 @@ def worker(args: argparse.Namespace) -> None:
     x = np.load(args.data)
     base = _rss_mb()
     with contextlib.redirect_stdout(io.StringIO()):  # ORT's calibrators print
-        if args.worker == "fp32":
+        if args.worker == "cli":
+            result = job_cli(args.model_path, args.data)
+        elif args.worker == "fp32":
             result = job_fp32(args.model_path, x, args.batch_size, args.threads)
         elif args.worker == "exposed":
             result = job_exposed(args.model_path, x, args.batch_size, args.threads)
@@ -188,6 +206,8 @@ def worker(args: argparse.Namespace) -> None:
         else:
             result = job_ort(args.model_path, x, args.batch_size, args.worker.split("-", 1)[1])
     result.update(peak_rss_mb=_rss_mb(), rss_after_data_mb=base, data_mb=x.nbytes / 2**20)
+    if "command_rss_mb" in result:  # the command's process, which loads the data itself
+        result["peak_rss_mb"] = result.pop("command_rss_mb")
     print("RESULT " + json.dumps(result))
 
 
@@ -336,6 +356,9 @@ def main() -> None:
                         help="samples whose activations score the ranges by quantization MSE")
     parser.add_argument("--skip-ort-histograms", action="store_true")
     parser.add_argument("--quick", action="store_true", help="N = 16, 32; small kernel array")
+    parser.add_argument("--jobs", nargs="+", choices=JOBS, default=None,
+                        help="run only these jobs (fp32 is always run); skips the range "
+                             "comparison and the kernels")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model-path", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -359,8 +382,10 @@ def main() -> None:
     for n in sorted(args.samples):
         data = tmp / f"data{n}.npy"
         np.save(data, x_all[:n])
-        jobs = ["fp32", "exposed", "mpsearch", "mpsearch-noopt", "ort-minmax"]
-        if not args.skip_ort_histograms:
+        jobs = ["fp32", "exposed", "mpsearch", "mpsearch-noopt", "cli", "ort-minmax"]
+        if args.jobs:
+            jobs = ["fp32", *(j for j in args.jobs if j != "fp32")]
+        elif not args.skip_ort_histograms:
             for method in ("percentile", "entropy"):
                 projected = None if ort_mb_per_sample is None else ort_mb_per_sample * n
                 if projected is not None and projected > 0.6 * _free_mb():
@@ -381,6 +406,8 @@ def main() -> None:
             ort_mb_per_sample = max(hist_rss) / n
     print()
     print(table(results))
+    if args.jobs:
+        return
     smallest = min(args.samples)
     ort = {j.split("-", 1)[1]: r for j, r in results[smallest].items() if j.startswith("ort-")}
     print(f"\nRanges at N={smallest} (ORT defaults; ours: percentile symmetric 99.999 % like "
@@ -406,11 +433,19 @@ def table(results: dict[int, dict[str, dict[str, Any]]]) -> str:
         rows.append(f"| {n} | FP32 inference pass | - | {fp32:.2f} | 1.00 | "
                     f"{jobs['fp32']['peak_rss_mb']:.0f} | "
                     f"{jobs['fp32']['peak_rss_mb'] - jobs['fp32']['data_mb']:.0f} |")
-        r = jobs["exposed"]
-        rows.append(f"| {n} | ORT pass, {r['exposed']} tensors exposed, no statistics | - | "
-                    f"{r['seconds']:.2f} | {r['seconds'] / fp32:.2f} | {r['peak_rss_mb']:.0f} | "
-                    f"{r['peak_rss_mb'] - r['data_mb']:.0f} |")
+        if "cli" in jobs:
+            r = jobs["cli"]
+            rows.append(f"| {n} | `mpsearch calibrate`, default flags (process) | minmax | "
+                        f"{r['seconds']:.2f} | {r['seconds'] / fp32:.2f} | "
+                        f"{r['peak_rss_mb']:.0f} | {r['peak_rss_mb'] - r['data_mb']:.0f} |")
+        if "exposed" in jobs:
+            r = jobs["exposed"]
+            rows.append(f"| {n} | ORT pass, {r['exposed']} tensors exposed, no statistics "
+                        f"| - | {r['seconds']:.2f} | {r['seconds'] / fp32:.2f} | "
+                        f"{r['peak_rss_mb']:.0f} | {r['peak_rss_mb'] - r['data_mb']:.0f} |")
         for job in ("mpsearch", "mpsearch-noopt"):
+            if job not in jobs:
+                continue
             r = jobs[job]
             label = "mpsearch" + (" (optimize=False)" if job.endswith("noopt") else "")
             for method in METHODS:
@@ -419,6 +454,8 @@ def table(results: dict[int, dict[str, dict[str, Any]]]) -> str:
                             f"{r['peak_rss_mb']:.0f} | {r['peak_rss_mb'] - r['data_mb']:.0f} |")
         for method in ORT_METHODS:
             r = jobs.get(f"ort-{method}")
+            if r is None and not any(j.startswith("ort-") for j in jobs):
+                continue
             if r is None:
                 rows.append(f"| {n} | onnxruntime | {method} | skipped | | | |")
                 continue

@@ -1,7 +1,8 @@
 """Calibration and validation data: files, image folders or Python readers -> :class:`Dataset`.
 
 Consumes a data source: an ``.npz`` archive (arrays named after the model's inputs, optional
-``labels``), an ``.npy`` file (one input, named after the file's stem), a folder of images
+``labels``), an ``.npy`` file (one input, named after the file's stem until
+:meth:`Dataset.for_inputs` binds it to a one-input model), a folder of images
 (decoded with Pillow as :class:`ImageOptions` says; sub-folders are classes and give labels) or
 a Python reader ``"package.module:function"`` returning a dict of arrays or yielding one dict per
 batch. Produces a frozen :class:`Dataset` that batches, splits (seeded) and fingerprints itself;
@@ -17,7 +18,7 @@ import os
 import re
 import warnings
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -170,6 +171,14 @@ class Dataset:
         size = _positive(batch_size, "batch size")
         for start in range(0, len(self), size):
             yield self.labels[start:start + size]
+
+    def for_inputs(self, names: Sequence[str]) -> Dataset:
+        """This data with its one array named after the model's one input (an ``.npy`` file is
+        named after its stem); unchanged otherwise, for :func:`check_signature` to judge."""
+        if len(names) != 1 or len(self.inputs) != 1 or names[0] in self.inputs:
+            return self
+        (array,) = self.inputs.values()
+        return Dataset(inputs={names[0]: array}, labels=self.labels, source=self.source)
 
     def take(self, n: int) -> Dataset:
         """The first ``n`` samples."""

@@ -132,6 +132,7 @@ def prepare_inputs(
         graph = equalize(graph)
     hw = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
     dataset = data if isinstance(data, Dataset) else load_data(data)
+    dataset = dataset.for_inputs([i.name for i in graph.inputs])
     check_signature(dataset, graph)
     mismatch = check_profile_for_cpu(hw.name)
     if mismatch:
@@ -412,7 +413,8 @@ def calibrate_model(
     """``mpsearch calibrate``: one calibration pass over the first ``samples`` samples of
     ``data`` (all by default), saved in ``out`` (or loaded from there when the model and data
     match). ``options`` go to :func:`mpsearch.calibrate`."""
-    graph, dataset = load_model(model), load_data(data)
+    graph = load_model(model)
+    dataset = load_data(data).for_inputs([i.name for i in graph.inputs])
     if samples is not None:
         dataset = dataset.take(samples)
     check_signature(dataset, graph)
@@ -424,7 +426,9 @@ def evaluate_model(model: str | os.PathLike[str], data: str | os.PathLike[str], 
                    metric: str | None = None) -> Evaluation:
     """``mpsearch eval``: the metrics of ``model`` against the outputs of ``reference`` (the
     model itself by default) on ``data``."""
-    evaluator = Evaluator(load_model(reference or model), load_data(data), metric=metric)
+    graph = load_model(reference or model)
+    dataset = load_data(data).for_inputs([i.name for i in graph.inputs])
+    evaluator = Evaluator(graph, dataset, metric=metric)
     return evaluator.evaluate(load_model(model).model, require_finite=True)
 
 

@@ -81,6 +81,17 @@ def test_npy_is_named_after_its_stem(tmp_path: Path) -> None:
     assert list(data.inputs) == ["input"] and len(data) == 3 and data.labels is None
 
 
+def test_one_array_binds_to_a_one_input_model(tmp_path: Path) -> None:
+    array = np.arange(6, dtype=np.float32).reshape(3, 2)
+    np.save(tmp_path / "photos.npy", array)
+    data = load_data(tmp_path / "photos.npy")
+    bound = data.for_inputs(["pixel_values"])
+    assert list(bound.inputs) == ["pixel_values"] and bound.source == data.source
+    np.testing.assert_array_equal(bound.inputs["pixel_values"], array)
+    assert data.for_inputs(["photos"]) is data  # already named right
+    assert data.for_inputs(["a", "b"]) is data  # two inputs: check_signature names the gap
+
+
 def test_bad_files_and_arrays_are_one_line_errors(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="no such file"):
         load_data(tmp_path / "missing.npz")
