@@ -18,6 +18,7 @@ Goal (issue 14): <= 100 FP32 passes for models of 100-400 quantizable nodes.
 Also printed per model: the held-out front's best agreement at <= 1.00x, 1.15x and 1.25x the
 uniform INT8 size (issue 16), and each front point's measured latency (median ORT runs at
 batch 1 and 64, where this host runs the profile's target) beside the profile's estimate.
+``--recovery`` also runs each search with ``recovery: {cle: true, bias_correction: true}``.
 ``--reference`` also runs the same search with every shortcut off (sensitivity and group costs
 on the whole search split, no first-chunk pruning) and compares the two held-out fronts'
 hypervolumes (agreement up, size down; box: the lowest agreement of either front and baselines,
@@ -150,13 +151,16 @@ def hypervolume(points: Sequence[tuple[float, float]], ref_metric: float,
 
 
 def bench(name: str, model: Path, data: Path, trials: int, samples: int,
-          slow: bool = False) -> Row:
-    """One whole search; ``slow``: with every shortcut off (the reference run)."""
+          slow: bool = False, recovery: bool = False) -> Row:
+    """One whole search; ``slow``: with every shortcut off (the reference run); ``recovery``:
+    with cross-layer equalization and bias correction (spec ``recovery``)."""
     unit = fp32_pass(model, data, samples)
     spec = SearchSpec(model=str(model), profile="x86_ort_auto", data=str(data),
                       metric="agreement", trials=trials)
     if slow:
         spec = dataclasses.replace(spec, sensitivity_limit=None, chunks=1)
+    if recovery:
+        spec = dataclasses.replace(spec, cle=True, bias_correction=True)
     clock = PhaseClock()
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
@@ -166,7 +170,9 @@ def bench(name: str, model: Path, data: Path, trials: int, samples: int,
     int8 = front.uniform["int8"]
     best = {limit: max((p.metric for p in front.points if p.size <= limit * int8.size),
                        default=float("nan")) for limit in SIZE_LIMITS}
-    return Row(model=name + (" (reference: no shortcuts)" if slow else ""), unit=unit,
+    label = name + (" (reference: no shortcuts)" if slow else "") + (
+        " (recovery: CLE+BC)" if recovery else "")
+    return Row(model=label, unit=unit,
                wall=end - start, rows=len(run.analysis.sensitivity) if run.analysis else 0,
                phases=clock.phases(start, end), evaluations=run.result.evaluations,
                configs=len(run.measured), fp32=front.fp32.metric, int8=int8.metric,
@@ -219,6 +225,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--reference", action="store_true",
                         help="also run each search with every shortcut off and compare")
+    parser.add_argument("--recovery", action="store_true",
+                        help="also run each search with CLE and bias correction on")
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()
     models = load_sibling("real_models")
@@ -244,6 +252,9 @@ def main() -> None:
                 rows.append(bench(name, Path(paths[name]), subset, args.trials, args.samples,
                                   slow=True))
                 notes.append(compare(rows[-2], rows[-1]))
+            if args.recovery:
+                rows.append(bench(name, Path(paths[name]), subset, args.trials, args.samples,
+                                  recovery=True))
     command = "python benchmarks/bench_pipeline.py " + " ".join(sys.argv[1:])
     publish("## Whole search", table(rows, command.strip()) + "\n" + "\n".join(notes) + "\n",
             args.write)

@@ -30,6 +30,7 @@ from mpsearch.search import (
     group_costs,
     group_nodes,
     knapsack,
+    race_stages,
 )
 from mpsearch.spec import load_spec
 
@@ -173,22 +174,35 @@ def test_export_matches_the_front(finished_run: Path, tmp_path: Path) -> None:
     assert result.size == front["points"][k]["size"]
 
 
+def test_trials_are_raced_on_doubling_sample_counts() -> None:
+    """A trial is measured on a first chunk, then twice as many samples, up to all of them."""
+    assert race_stages(128, 4) == (32, 64, 128)
+    assert race_stages(100, 4) == (25, 50, 100)
+    assert race_stages(100, 3) == (33, 66, 100)
+    assert race_stages(128, 1) == (128,)
+    assert race_stages(1, 4) == (1,)
+
+
 def test_int16_is_measured_only_where_int8_costs_something(finished_run: Path) -> None:
     storage = optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(finished_run / "study.journal")))
     costs = {(g, f): c for g, f, c in optuna.load_study(
         study_name="mpsearch", storage=storage).user_attrs["group_costs"]}
     graph = load_model(DEMO_MODEL)
-    groups = group_nodes(graph, load_profile("x86_ort_auto"))
+    profile = load_profile("x86_ort_auto")
+    groups = group_nodes(graph, profile)
     assert set(costs) == {(g.name, f) for g in groups for f in g.formats}
     int8 = {g.name: costs[(g.name, "int8")] for g in groups}
     floor = MEASURE_ABOVE * max(int8.values())
     assert all(costs[(g.name, "fp32")] == 0.0 for g in groups)
     estimated = [g for g in groups if int8[g.name] < floor]
     assert estimated and len(estimated) < len(groups)
-    for group in estimated:  # not measured: scaled by 4 ** -(bits gained by the coarsest grid)
-        weighted = any(graph.nodes[n].weights for n in group.nodes)  # A16W8: weights stay 8-bit
-        ratio = 1.0 if weighted else 4.0 ** -8
+    # Not measured: scaled by 4 ** -(bits gained by the coarsest grid). A16W8's weights are
+    # 8-bit; INT8's are 8-bit too, or 7 where the profile reduces their range (AVX2).
+    int8_weight_bits = 8 - profile.format("int8").weight.reduce_range
+    for group in estimated:
+        weighted = any(graph.nodes[n].weights for n in group.nodes)
+        ratio = 4.0 ** -(8 - int8_weight_bits) if weighted else 4.0 ** -8
         assert costs[(group.name, "int16")] == int8[group.name] * ratio
 
 

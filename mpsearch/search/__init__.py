@@ -22,7 +22,7 @@ from mpsearch.search._storage import (
     open_study,
     study_progress,
 )
-from mpsearch.search._study import SearchResult, TrialRecord, run_search
+from mpsearch.search._study import SearchResult, TrialRecord, race_stages, run_search
 
 __all__ = [
     "Group",
@@ -40,6 +40,7 @@ __all__ = [
     "make_sampler",
     "neighbor",
     "open_study",
+    "race_stages",
     "run_search",
     "seed_assignments",
     "study_progress",

@@ -11,7 +11,8 @@ profile's target, else estimated) on the search split.
 * Seeds, enqueued before the sampler: uniform formats, the greedy "promote the k most sensitive
   groups" path and knapsack solutions of the additive sensitivity model for several size budgets.
 * Constraints: size limits are repaired before evaluation; duplicates are served from a cache;
-  the metric is measured in chunks and a trial that cannot reach the front is pruned early.
+  the metric is raced (a first chunk, then doubling, :func:`race_stages`) and a trial that
+  cannot reach the front is pruned at the first stage that shows it.
 * Storage (:mod:`._storage`): a journal file in the run directory by default (resumable), or
   any RDB URL so several workers share one study.
 """
@@ -48,7 +49,7 @@ from mpsearch.search._storage import open_study
 from mpsearch.spec import SearchSpec
 from mpsearch.summary import ModelSummary
 
-__all__ = ["SearchResult", "TrialRecord", "run_search"]
+__all__ = ["SearchResult", "TrialRecord", "race_stages", "run_search"]
 
 logger = logging.getLogger(__name__)
 _WORKER = f"{socket.gethostname()}:{os.getpid()}"
@@ -157,19 +158,19 @@ class _Objective:
         return values
 
     def _measure(self, trial: optuna.Trial, assignment: Assignment) -> float:
-        """The metric on the search split: a first chunk, then the rest unless the trial is
-        already clearly dominated (pruned)."""
+        """The metric on the search split, raced: measured on a first chunk, then on twice as
+        many samples, and so on up to all of them, continuing where the last stage stopped;
+        a trial that is clearly dominated after any stage is pruned there."""
         total = len(self.measurer.data)
-        first = max(1, total // self.spec.chunks) if self.spec.chunks > 1 else total
         before = self.measurer.evaluations
-        result = self.measurer.measure(assignment, samples=first)
-        if result.samples < total:
-            if self._hopeless(result.value, result.samples, assignment):
+        for samples in race_stages(total, self.spec.chunks):
+            result = self.measurer.measure(assignment, samples=samples)
+            if result.samples < total and self._hopeless(result.value, result.samples,
+                                                         assignment):
                 self._account(result, before)
                 trial.set_user_attr("pruned_after", result.samples)
                 raise optuna.TrialPruned(f"metric {result.value:.4f} on {result.samples} "
                                          "samples cannot reach the front")
-            result = self.measurer.measure(assignment)
         self._account(result, before)
         trial.set_user_attr("metrics", dict(result.metrics))
         return result.value
@@ -196,6 +197,18 @@ class _Objective:
 
     def _worse(self, a: float, b: float) -> bool:
         return a < b if self.higher else a > b
+
+
+def race_stages(total: int, chunks: int) -> tuple[int, ...]:
+    """Sample counts a trial is measured on, in order: ``total // chunks``, doubling, then
+    ``total`` (just ``total`` when ``chunks`` is 1)."""
+    stages = [total]
+    if chunks > 1:
+        stage = max(1, total // chunks)
+        while stage < total:
+            stages.insert(-1, stage)
+            stage *= 2
+    return tuple(stages)
 
 
 def _enqueue(study: optuna.Study, seeds: Sequence[Seed], groups: Sequence[Group]) -> None:
