@@ -52,7 +52,14 @@ from mpsearch.profiles import (
 )
 from mpsearch.progress import Reporter
 from mpsearch.quantize import Quantizer
-from mpsearch.recovery import CorrectedQuantizer, InputMeans, equalize, input_means
+from mpsearch.recovery import (
+    CorrectedQuantizer,
+    InputMeans,
+    channel_maxima,
+    equalize,
+    input_means,
+    smooth,
+)
 from mpsearch.rundir import Front, FrontPoint, MeasurementCache, RunDir
 from mpsearch.runtime import create_session, ort_version
 from mpsearch.search import (
@@ -121,11 +128,16 @@ def prepare_inputs(
     progress: Reporter | None = None,
     cle: bool = False,
     bias_correction: bool = False,
+    smoothquant: bool = False,
+    smoothquant_alpha: float = 0.5,
 ) -> Prepared:
     """Load and check the inputs (objects or paths), split the data and calibrate once (or
     load the table cached in ``cache_dir``); ``batch_size`` None sizes the calibration
     batches from a memory budget (:func:`mpsearch.calibrate`). ``cle`` equalizes the graph
-    before calibration; ``bias_correction`` corrects every build from the calibration split
+    after loading; ``smoothquant`` then migrates LayerNorm outputs' per-channel ranges into
+    the MatMul/Gemm weights reading them, from the calibration split's channel maxima
+    (``smoothquant_alpha``: migration strength), so calibration sees the smoothed graph;
+    ``bias_correction`` corrects every build from the calibration split
     (:mod:`mpsearch.recovery`)."""
     graph = model if isinstance(model, ModelGraph) else load_model(model)
     if cle:
@@ -140,6 +152,9 @@ def prepare_inputs(
     for node in graph.nodes.values():  # fail early when the target cannot run an op at all
         hw.formats_for_node(node)
     calib, valid = split_data(dataset, calibration_samples, seed)
+    if smoothquant:
+        graph = smooth(graph, channel_maxima(graph, calib, threads=threads),
+                       alpha=smoothquant_alpha)
     options: dict[str, Any] = dict(batch_size=batch_size, threads=threads, progress=progress)
     if cache_dir is not None:
         table = calibrate_cached(graph, calib, cache_dir, **options)
@@ -159,7 +174,9 @@ def prepare(spec: SearchSpec, run_dir: RunDir | str | Path | None = None, *,
                           calibration_samples=spec.calibration_samples, method=spec.method,
                           seed=spec.data_seed, threads=spec.threads,
                           cache_dir=None if run is None else run.calibration, progress=progress,
-                          cle=spec.cle, bias_correction=spec.bias_correction)
+                          cle=spec.cle, bias_correction=spec.bias_correction,
+                          smoothquant=spec.smoothquant,
+                          smoothquant_alpha=spec.smoothquant_alpha)
 
 
 def _rundir(run_dir: RunDir | str | Path) -> RunDir:
@@ -402,7 +419,9 @@ def quantize_one(spec: SearchSpec, out: str | Path, *, uniform: str | None = Non
     prepared = prepare_inputs(graph, profile, spec.data,
                               calibration_samples=spec.calibration_samples, method=spec.method,
                               seed=spec.data_seed, threads=spec.threads, progress=progress,
-                              cle=spec.cle, bias_correction=spec.bias_correction)
+                              cle=spec.cle, bias_correction=spec.bias_correction,
+                              smoothquant=spec.smoothquant,
+                              smoothquant_alpha=spec.smoothquant_alpha)
     return _build(prepared, chosen, out, prepared.validation, spec)
 
 

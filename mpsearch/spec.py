@@ -12,7 +12,8 @@ Parsed once, strictly, at the edge: an unknown key is an error with the file, th
     budget: {trials: 60}
     sampler: auto
     seed: 0
-    recovery: {cle: false, bias_correction: false}   # accuracy recovery (mpsearch.recovery)
+    recovery: {cle: false, bias_correction: false,   # accuracy recovery (mpsearch.recovery)
+               smoothquant: false, smoothquant_alpha: 0.5}
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ class SearchSpec:
     explore: float = 0.5
     cle: bool = False
     bias_correction: bool = False
+    smoothquant: bool = False
+    smoothquant_alpha: float = 0.5
     path: str | None = None
     name: str | None = None  # what reports call the model (an upload's own file name)
 
@@ -132,7 +135,9 @@ class SearchSpec:
             "formats": None if self.formats is None else list(self.formats),
             "analysis": self.analysis, "seeding": self.seeding, "explore": self.explore,
             "name": self.name,
-            "recovery": {"cle": self.cle, "bias_correction": self.bias_correction},
+            "recovery": {"cle": self.cle, "bias_correction": self.bias_correction,
+                         "smoothquant": self.smoothquant,
+                         "smoothquant_alpha": self.smoothquant_alpha},
         }
         return yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
 
@@ -153,6 +158,15 @@ def _fraction(section: Section, key: str, default: float) -> float:
     value: float = section.get_float(key, default, minimum=0.0)
     if value > 1.0:
         section.fail(key, f"{section.path(key)} must be between 0 and 1, got {value}")
+    return value
+
+
+def _alpha(section: Section) -> float:
+    """SmoothQuant's migration strength: a number in (0, 1]."""
+    value: float = section.get_float("smoothquant_alpha", 0.5, positive=True)
+    if value > 1.0:
+        section.fail("smoothquant_alpha", f"{section.path('smoothquant_alpha')} must be in "
+                     f"(0, 1], got {value}")
     return value
 
 
@@ -181,7 +195,7 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     evaluation = root.section("evaluation", default=None)
     evaluation.check_keys(("batch_size", "threads", "chunks", "sensitivity_samples"))
     recovery = root.section("recovery", default=None)
-    recovery.check_keys(("cle", "bias_correction"))
+    recovery.check_keys(("cle", "bias_correction", "smoothquant", "smoothquant_alpha"))
     profile = root.get_str("profile")
     if profile.endswith((".yaml", ".yml")):
         profile = str((base / profile).resolve())
@@ -223,6 +237,8 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
         explore=_fraction(root, "explore", 0.5),
         cle=recovery.get_bool("cle", False),
         bias_correction=recovery.get_bool("bias_correction", False),
+        smoothquant=recovery.get_bool("smoothquant", False),
+        smoothquant_alpha=_alpha(recovery),
         path=file,
         name=root.get_str("name", None),
     )

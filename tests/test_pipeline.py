@@ -233,13 +233,16 @@ def test_interrupted_trial_and_torn_journal_line_are_recovered(tmp_path: Path) -
 
 
 def test_recovery_runs_through_search_and_export(tmp_path: Path) -> None:
-    """recovery: {cle, bias_correction} reaches the run's spec, keys its measurements and makes
-    the exported model the bias-corrected build (only int32 bias codes differ from plain)."""
-    spec = _spec(trials=4, analysis=False, cle=True, bias_correction=True)
+    """recovery: {cle, bias_correction, smoothquant} reaches the run's spec, keys its
+    measurements and makes the exported model the bias-corrected build (only int32 bias codes
+    differ from plain; the demo model has no LayerNorm, so smoothing changes nothing)."""
+    spec = _spec(trials=4, analysis=False, cle=True, bias_correction=True, smoothquant=True,
+                 smoothquant_alpha=0.75)
     run = search_run(spec, tmp_path / "run")
     rundir = RunDir(run.run_dir)
     saved = load_spec(rundir.spec_yaml)
-    assert (saved.cle, saved.bias_correction) == (True, True)
+    assert (saved.cle, saved.bias_correction, saved.smoothquant) == (True, True, True)
+    assert saved.smoothquant_alpha == 0.75
     splits = json.loads(rundir.measurements.read_text())["splits"]
     assert splits["search"]["key"]["bias_correction"] is True
     built = export_point(run.run_dir, 0, tmp_path / "point.onnx")

@@ -39,6 +39,16 @@ BAD = [
      r"spec\.yaml:5: unknown key 'bias_corection' in recovery; did you mean "
      r"'bias_correction'\?"),
     (GOOD + "recovery: {cle: yes please}\n", r"recovery\.cle must be true or false"),
+    (GOOD + "recovery: {smoothquant: 1}\n", r"spec\.yaml:5: recovery\.smoothquant must be "
+     r"true or false, got 1"),
+    (GOOD + "recovery: {smoothquant: true, smoothquant_alpha: 1.5}\n",
+     r"spec\.yaml:5: recovery\.smoothquant_alpha must be in \(0, 1\], got 1\.5"),
+    (GOOD + "recovery: {smoothquant_alpha: 0}\n",
+     r"recovery\.smoothquant_alpha must be greater than 0, got 0"),
+    (GOOD + "recovery: {smoothquant_alpha: half}\n",
+     r"recovery\.smoothquant_alpha must be a number, got 'half'"),
+    (GOOD + "recovery: {smooth_quant: true}\n",
+     r"unknown key 'smooth_quant' in recovery; did you mean 'smoothquant'\?"),
 ]
 
 
@@ -58,9 +68,12 @@ def test_malformed_specs(tmp_path: Path, text: str, message: str) -> None:
 
 def test_recovery_section_defaults_off_and_round_trips(tmp_path: Path) -> None:
     spec = load_spec(_write(tmp_path, GOOD))
-    assert (spec.cle, spec.bias_correction) == (False, False)
-    on = load_spec(_write(tmp_path, GOOD + "recovery: {cle: true, bias_correction: true}\n"))
-    assert (on.cle, on.bias_correction) == (True, True)
+    assert (spec.cle, spec.bias_correction, spec.smoothquant) == (False, False, False)
+    assert spec.smoothquant_alpha == 0.5
+    on = load_spec(_write(tmp_path, GOOD + "recovery: {cle: true, bias_correction: true, "
+                          "smoothquant: true, smoothquant_alpha: 0.75}\n"))
+    assert (on.cle, on.bias_correction, on.smoothquant) == (True, True, True)
+    assert on.smoothquant_alpha == 0.75
     again = tmp_path / "again.yaml"
     again.write_text(on.to_yaml())
     assert load_spec(again).to_dict() | {"path": None} == on.to_dict() | {"path": None}

@@ -2,9 +2,15 @@
 
 * :func:`equalize` (``_cle``): cross-layer equalization, ``ModelGraph -> ModelGraph``, FP32
   outputs unchanged; applied to the graph right after loading, before calibration.
+* :func:`smooth` (``_smoothquant``): SmoothQuant-style scale migration from LayerNorm outputs
+  into the MatMul/Gemm weights that read them, folded into the LayerNorm's gamma and beta,
+  ``ModelGraph -> ModelGraph``, FP32 outputs unchanged; from the calibration data's
+  :func:`channel_maxima`, applied after :func:`equalize` and before calibration.
 * :func:`correct_biases` (``_bias_correction``): empirical bias correction of a built QDQ model
   from the calibration data's :func:`input_means`; :class:`CorrectedQuantizer` applies it to
   every build.
+
+The two statistics passes share one streaming ONNX Runtime pass (``_activations``).
 """
 
 from mpsearch.recovery._bias_correction import (
@@ -16,7 +22,16 @@ from mpsearch.recovery._bias_correction import (
 )
 from mpsearch.recovery._cle import CLIP_POLICIES, Pair, Skipped, equalization_pairs, equalize
 from mpsearch.recovery._corrected import CorrectedQuantizer
+from mpsearch.recovery._smoothquant import (
+    ChannelMaxima,
+    SmoothGroup,
+    SmoothSkipped,
+    channel_maxima,
+    smooth,
+    smoothing_groups,
+)
 
-__all__ = ["CLIP_POLICIES", "CorrectedQuantizer", "InputMeans", "Pair", "Skipped",
-           "conv_tap_means", "correct_biases", "equalization_pairs", "equalize", "input_means",
-           "output_shift"]
+__all__ = ["CLIP_POLICIES", "ChannelMaxima", "CorrectedQuantizer", "InputMeans", "Pair",
+           "Skipped", "SmoothGroup", "SmoothSkipped", "channel_maxima", "conv_tap_means",
+           "correct_biases", "equalization_pairs", "equalize", "input_means", "output_shift",
+           "smooth", "smoothing_groups"]

@@ -30,7 +30,7 @@ from onnx import numpy_helper
 
 from mpsearch.data import Dataset
 from mpsearch.graph import ModelGraph, Node
-from mpsearch.runtime import create_session
+from mpsearch.recovery._activations import reduce_activations
 
 __all__ = ["InputMeans", "conv_tap_means", "correct_biases", "input_means", "output_shift"]
 
@@ -102,21 +102,18 @@ def _targets(graph: ModelGraph) -> dict[str, str]:
     return out
 
 
+def _batch_sum(value: np.ndarray) -> np.ndarray:
+    total: np.ndarray = value.astype(np.float64).sum(axis=0)
+    return total
+
+
 def input_means(graph: ModelGraph, data: Dataset, *, batch_size: int = 16,
                 threads: int = 2) -> InputMeans:
     """One FP32 pass over ``data``: the :class:`InputMeans` of every correctable node."""
     targets = _targets(graph)
-    tensors = sorted(set(targets.values()))
-    session = create_session(graph.model, threads=threads, extra_outputs=tensors,
-                             label=f"{graph.name} (bias correction means)")
-    sums: dict[str, np.ndarray] = {}
-    count = 0
-    for feeds in data.batches(batch_size):
-        values = session.run(feeds, tensors)
-        for name in tensors:
-            part = values[name].astype(np.float64).sum(axis=0)  # Conv [C, *spatial]; Gemm [K]
-            sums[name] = sums[name] + part if name in sums else part
-        count += len(next(iter(values.values()))) if values else 0
+    sums, count = reduce_activations(  # per batch: Conv [C, *spatial]; Gemm [K]
+        graph, data, sorted(set(targets.values())), reduce=_batch_sum, combine=np.add,
+        batch_size=batch_size, threads=threads, label=f"{graph.name} (bias correction means)")
     taps: dict[str, np.ndarray] = {}
     for node_name, tensor in targets.items():
         node, mean = graph.nodes[node_name], sums[tensor] / max(count, 1)
