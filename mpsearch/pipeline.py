@@ -310,7 +310,8 @@ def search_run(
         result = run_search(measurer, prepared.summary, spec, run_dir=run.path, resume=resume,
                             inputs=inputs, progress=progress)
         with _spec_measuring(prepared, spec, held_data, run, "held-out") as held:
-            front = held_out_front(prepared.summary, spec, result, held, measurer)
+            front = held_out_front(prepared.summary, spec, result, held, measurer,
+                                   progress)
     run.write_front(front)
     run.write_trials([[r.trial, r.state, r.metric, r.size, relative_latency(r.latency, front.fp32),
                        r.source] for r in result.trials])

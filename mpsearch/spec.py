@@ -100,7 +100,7 @@ class SearchSpec:
     batch_size: int = 64
     threads: int = 2
     formats: tuple[str, ...] | None = None
-    sensitivity_limit: int | None = 64
+    sensitivity_limit: int | None = 32
     chunks: int = 4
     analysis: bool = True
     seeding: bool = True
@@ -230,7 +230,7 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
         batch_size=evaluation.get_int("batch_size", 64, minimum=1),
         threads=evaluation.get_int("threads", 2, minimum=1),
         chunks=evaluation.get_int("chunks", 4, minimum=1),
-        sensitivity_limit=evaluation.get_int("sensitivity_samples", 64, minimum=1),
+        sensitivity_limit=evaluation.get_int("sensitivity_samples", 32, minimum=1),
         formats=root.get_str_list("formats", None, non_empty=True),
         analysis=root.get_bool("analysis", True),
         seeding=root.get_bool("seeding", True),

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import optuna
 
-from mpsearch.analysis import Measurement, Measurer
+from mpsearch.analysis import PROPORTION_METRICS, Measurement, Measurer, wilson_interval
 from mpsearch.assignment import Assignment, estimate_latency, make_assignment, model_size
 from mpsearch.errors import SearchError
 from mpsearch.profiles import measures_latency
@@ -165,8 +165,7 @@ class _Objective:
         before = self.measurer.evaluations
         for samples in race_stages(total, self.spec.chunks):
             result = self.measurer.measure(assignment, samples=samples)
-            if result.samples < total and self._hopeless(result.value, result.samples,
-                                                         assignment):
+            if result.samples < total and self._hopeless(result, assignment):
                 self._account(result, before)
                 trial.set_user_attr("pruned_after", result.samples)
                 raise optuna.TrialPruned(f"metric {result.value:.4f} on {result.samples} "
@@ -183,11 +182,17 @@ class _Objective:
         self.timing["session"] += result.session_s
         self.timing["inference"] += result.eval_s
 
-    def _hopeless(self, metric: float, samples: int, assignment: Assignment) -> bool:
-        """True when a finished trial at no larger size beats this one by a clear margin."""
-        slack = 3.0 * math.sqrt(0.25 / samples)  # 3 standard errors of a proportion
+    def _hopeless(self, partial: Measurement, assignment: Assignment) -> bool:
+        """True when a finished trial at no larger size beats this one by a clear margin: its
+        metric beats the optimistic end of this one's interval at three standard errors
+        (Wilson's for accuracy-like metrics, k of n samples; else a proportion's widest)."""
+        metric, samples = partial.value, partial.samples
+        if partial.primary in PROPORTION_METRICS and self.higher:
+            optimistic = wilson_interval(round(metric * samples), samples, z=3.0)[1]
+        else:
+            slack = 3.0 * math.sqrt(0.25 / samples)
+            optimistic = metric + slack if self.higher else metric - slack
         size = model_size(self.graph, self.profile, assignment)
-        optimistic = metric + slack if self.higher else metric - slack
         if self.min_metric is not None and self._worse(optimistic, self.min_metric):
             return True
         for values in self.cache.values():

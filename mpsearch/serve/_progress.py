@@ -27,6 +27,8 @@ _STAGES = {
     "group costs": "measuring the cost of each group of nodes, to seed the search",
     "search": "searching: each trial builds one configuration and measures it on the search "
               "split",
+    "held-out": "re-measuring the front on the held-out split (and timing it where this "
+                "machine runs the target)",
 }
 
 
