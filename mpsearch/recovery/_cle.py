@@ -35,11 +35,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
-import onnx
 from onnx import helper, numpy_helper
 
 from mpsearch.errors import ModelError
 from mpsearch.graph import ModelGraph, Node, load_model
+from mpsearch.recovery._rewrite import with_weights
 
 __all__ = ["CLIP_POLICIES", "Pair", "Skipped", "equalization_pairs", "equalize"]
 
@@ -206,12 +206,7 @@ def equalize(graph: ModelGraph, *, clip: str = "skip", rounds: int = 20,
 
 def _rebuild(graph: ModelGraph, pairs: tuple[Pair, ...], arrays: Mapping[str, np.ndarray],
              thresholds: Mapping[str, np.ndarray], clip: str) -> ModelGraph:
-    model = onnx.ModelProto()
-    model.CopyFrom(graph.model)
-    for init in model.graph.initializer:
-        if init.name in arrays:
-            init.CopyFrom(numpy_helper.from_array(arrays[init.name].astype(np.float32),
-                                                  init.name))
+    model = with_weights(graph, arrays)
     clips = {p.activation for p in pairs if p.clip_max is not None}
     nodes = []
     for proto in model.graph.node:

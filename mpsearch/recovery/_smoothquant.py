@@ -30,13 +30,12 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
 from mpsearch.data import Dataset
 from mpsearch.errors import ModelError
 from mpsearch.graph import ModelGraph, Node, load_model
 from mpsearch.recovery._activations import reduce_activations
+from mpsearch.recovery._rewrite import with_weights
 
 __all__ = ["ChannelMaxima", "SmoothGroup", "SmoothSkipped", "channel_maxima", "smooth",
            "smoothing_groups"]
@@ -286,12 +285,7 @@ def smooth(graph: ModelGraph, maxima: ChannelMaxima, *, alpha: float = 0.5) -> M
 
 def _rebuild(graph: ModelGraph, arrays: Mapping[str, np.ndarray], count: int,
              alpha: float) -> ModelGraph:
-    model = onnx.ModelProto()
-    model.CopyFrom(graph.model)
-    for init in model.graph.initializer:
-        if init.name in arrays:
-            init.CopyFrom(numpy_helper.from_array(arrays[init.name].astype(np.float32),
-                                                  init.name))
+    model = with_weights(graph, arrays)
     changed = load_model(model)
     note = f"SmoothQuant: {count} LayerNorms folded into their MatMul/Gemm readers (alpha {alpha})"
     return replace(changed, path=graph.path, changes=(*graph.changes, note))
