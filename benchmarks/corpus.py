@@ -68,6 +68,9 @@ class CorpusModel:
     #: that ships weights rather than an ONNX file; None: ``file`` is the model.
     make: Callable[[Path, Path], Path] | None = None
     needs: tuple[str, ...] = ()  # further modules ``build`` imports (e.g. a tokenizer)
+    #: Samples the corpus check calibrates on and scores on (fewer for large, slow models).
+    calibration: int = 64
+    evaluation: int = 128
 
     def path(self, cache: Path = CACHE) -> Path | None:
         """The model file (built into ``cache`` once when ``make`` is set), or None when the

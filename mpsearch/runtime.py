@@ -55,22 +55,46 @@ class Session:
         self.input_names: tuple[str, ...] = tuple(i.name for i in session.get_inputs())
         self.output_names: tuple[str, ...] = tuple(o.name for o in session.get_outputs())
         self.input_types: Mapping[str, str] = {i.name: i.type for i in session.get_inputs()}
+        self.fixed_batch = _fixed_batch(session)
 
     def run(
         self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
     ) -> dict[str, np.ndarray]:
-        """Run one batch; returns the requested outputs (all by default) by name."""
+        """Run one batch; returns the requested outputs (all by default) by name.
+
+        A model whose batch is fixed (every input's first dimension is the same number ``k``,
+        as many exports write 1) runs any batch size: ``k`` samples at a time, the last chunk
+        padded by repeating its final sample, the outputs concatenated and trimmed."""
         names = list(outputs) if outputs is not None else list(self.output_names)
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise DataError(f"{self.label}: no data for model input(s) {missing}; "
                             f"the data provides {sorted(feeds)}")
+        feeds = {n: feeds[n] for n in self.input_names}
+        count = len(next(iter(feeds.values()))) if feeds else 0
+        k = self.fixed_batch
+        if k is None or count == k:
+            return dict(zip(names, self._run(names, feeds), strict=True))
+        parts: list[list[np.ndarray]] = []
+        for start in range(0, count, k):
+            chunk = {n: _pad(v[start:start + k], k) for n, v in feeds.items()}
+            values = self._run(names, chunk)
+            for name, value in zip(names, values, strict=True):
+                if value.ndim == 0 or value.shape[0] != k:
+                    raise DataError(
+                        f"{self.label}: the model's batch is fixed to {k} but output '{name}' "
+                        f"has shape {list(value.shape)}, not batch-first; run it with batches "
+                        f"of {k} samples")
+            parts.append(values)
+        return {name: np.concatenate([p[i] for p in parts])[:count]
+                for i, name in enumerate(names)}
+
+    def _run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
         try:
-            values = self._session.run(names, {n: feeds[n] for n in self.input_names})
+            return list(self._session.run(list(names), dict(feeds)))
         except Exception as e:
             raise DataError(f"{self.label}: ONNX Runtime could not run the batch "
                             f"({_first_line(e)}); check the data shapes and dtypes") from e
-        return dict(zip(names, values, strict=True))
 
     def run_all(
         self, batches: Iterable[Mapping[str, np.ndarray]], outputs: Sequence[str] | None = None
@@ -130,6 +154,19 @@ def create_session(
         raise ModelError(f"{name}: ONNX Runtime cannot load the model ({_first_line(e)}); "
                          "check it with onnx.checker or re-export it") from e
     return Session(session, name)
+
+
+def _fixed_batch(session: ort.InferenceSession) -> int | None:
+    """``k`` when every input's first dimension is the number ``k``, else None."""
+    firsts = {i.shape[0] if i.shape else None for i in session.get_inputs()}
+    first = firsts.pop() if len(firsts) == 1 else None
+    return first if isinstance(first, int) and first > 0 else None
+
+
+def _pad(value: np.ndarray, size: int) -> np.ndarray:
+    """``value`` with its last row repeated up to ``size`` rows."""
+    short = size - len(value)
+    return value if short <= 0 else np.concatenate([value, np.repeat(value[-1:], short, 0)])
 
 
 def _load(model: bytes | str | os.PathLike[str]) -> onnx.ModelProto:

@@ -15,9 +15,6 @@ import mpsearch
 from mpsearch.data import Dataset
 from mpsearch.runtime import create_session
 
-CALIBRATION = 64
-EVALUATION = 128
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CorpusResult:
@@ -54,10 +51,10 @@ def check_model(model: Any, work: Path, cache: Path | None = None) -> CorpusResu
     source = model.path() if cache is None else model.path(cache)
     graph = mpsearch.load_model(source)
     summary = mpsearch.summarize(graph)
-    inputs, labels = model.build(CALIBRATION + EVALUATION, 0)
-    calibration = {k: v[:CALIBRATION] for k, v in inputs.items()}
-    held = {k: v[CALIBRATION:] for k, v in inputs.items()}
-    held_labels = None if labels is None else labels[CALIBRATION:]
+    inputs, labels = model.build(model.calibration + model.evaluation, 0)
+    calibration = {k: v[:model.calibration] for k, v in inputs.items()}
+    held = {k: v[model.calibration:] for k, v in inputs.items()}
+    held_labels = None if labels is None else labels[model.calibration:]
     profile = mpsearch.load_profile("x86_ort_auto")
     table = mpsearch.calibrate(graph, Dataset(inputs=calibration))
     float_path = work / f"{model.key}.fp32.onnx"

