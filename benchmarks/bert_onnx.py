@@ -201,7 +201,10 @@ def _source_digest() -> str:
 
 def build_onnx(weights_file: Path, cache: Path) -> Path:
     """``cache``/all-MiniLM-L6-v2.<digest of this module>.onnx, built once from the package's
-    ``model.safetensors`` and ``config.json`` beside it (written atomically)."""
+    ``model.safetensors`` and ``config.json`` beside it. The weights go to an external data
+    file beside it (``<name>.onnx.data``, as exporters write models over 2 GB), so the corpus
+    has one model in that layout; the graph file is renamed into place last, so a killed
+    build leaves no model that points at a half-written data file."""
     target = cache / f"all-MiniLM-L6-v2.{_source_digest()}.onnx"
     if target.is_file():
         return target
@@ -210,7 +213,8 @@ def build_onnx(weights_file: Path, cache: Path) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=cache, suffix=".onnx.tmp")
     os.close(fd)
-    onnx.save(model, tmp)
+    onnx.save(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
+              location=f"{target.name}.data", size_threshold=1024)
     os.replace(tmp, target)
     return target
 

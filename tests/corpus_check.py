@@ -43,6 +43,15 @@ def _run(model: Path | onnx.ModelProto, inputs: dict[str, np.ndarray], output: s
     return np.concatenate(parts)
 
 
+def _file_bytes(path: Path) -> int:
+    """The model file's size plus its external data files' (as exporters write large models)."""
+    model = onnx.load(path, load_external_data=False)
+    locations = {entry.value for tensor in model.graph.initializer
+                 if tensor.data_location == onnx.TensorProto.EXTERNAL
+                 for entry in tensor.external_data if entry.key == "location"}
+    return path.stat().st_size + sum((path.parent / name).stat().st_size for name in locations)
+
+
 def check_model(model: Any, work: Path, cache: Path | None = None) -> CorpusResult:
     """Summarize, build uniform INT8 and INT16 (x86_ort_auto), build ORT's INT8 from the same
     normalized float model and calibration samples, and score all on held-out samples.
@@ -73,5 +82,5 @@ def check_model(model: Any, work: Path, cache: Path | None = None) -> CorpusResu
         nodes=len(graph.nodes), params=summary.params, macs=summary.macs,
         samples=len(reference), fp32=score["fp32"], ours_int8=score["int8"],
         ours_int16=score["int16"], ort_int8=score["ort"],
-        fp32_bytes=Path(source).stat().st_size, ours_bytes=paths["int8"].stat().st_size,
+        fp32_bytes=_file_bytes(Path(source)), ours_bytes=paths["int8"].stat().st_size,
         ours_int16_bytes=paths["int16"].stat().st_size, ort_bytes=paths["ort"].stat().st_size)

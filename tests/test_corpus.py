@@ -94,6 +94,9 @@ def test_minilm_graph_matches_numpy_and_published_similarities(cache: Path) -> N
 
     model = corpus.by_key("minilm_l6")
     path = _installed(model, cache)  # the ONNX file built from the package's weights
+    # The corpus's external-data model: a small graph file, the weights beside it.
+    assert path.stat().st_size < 1 << 20
+    assert Path(f"{path}.data").stat().st_size == 4 * EXPECTED["minilm_l6"][1]  # float32
     package = Path(str(corpus._package_dir(model.module))) / "model"
     weights = bert_onnx.read_safetensors(package / "model.safetensors")
     config = json.loads((package / "config.json").read_text())
