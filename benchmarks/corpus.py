@@ -326,6 +326,17 @@ def cosine_099_share(outputs: np.ndarray, reference: np.ndarray,
     return cosine_099(outputs, reference, labels) / len(outputs)
 
 
+def model_files(path: Path) -> list[Path]:
+    """``path`` and the external data files its initializers point at (beside it)."""
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    names = {entry.value for tensor in model.graph.initializer
+             if tensor.data_location == onnx.TensorProto.EXTERNAL
+             for entry in tensor.external_data if entry.key == "location"}
+    return [path, *(path.parent / name for name in sorted(names))]
+
+
 def write_search(key: str, out: Path, trials: int, samples: int = 320) -> Path:
     """A search spec for a corpus model in ``out``: the model file (a symlink), ``data.npz``
     (``samples`` inputs by construction: 64 calibrate, half the rest held out) and
@@ -338,6 +349,9 @@ def write_search(key: str, out: Path, trials: int, samples: int = 320) -> Path:
     link = out / f"{key}.onnx"
     link.unlink(missing_ok=True)
     link.symlink_to(source.resolve())
+    for data in model_files(source)[1:]:  # external data files keep their names, beside it
+        (out / data.name).unlink(missing_ok=True)
+        (out / data.name).symlink_to(data.resolve())
     inputs, labels = model.build(samples, 0)
     arrays = dict(inputs) if labels is None else {**inputs, "labels": labels}
     np.savez(out / "data.npz", **arrays)  # type: ignore[arg-type]

@@ -45,11 +45,9 @@ def _run(model: Path | onnx.ModelProto, inputs: dict[str, np.ndarray], output: s
 
 def _file_bytes(path: Path) -> int:
     """The model file's size plus its external data files' (as exporters write large models)."""
-    model = onnx.load(path, load_external_data=False)
-    locations = {entry.value for tensor in model.graph.initializer
-                 if tensor.data_location == onnx.TensorProto.EXTERNAL
-                 for entry in tensor.external_data if entry.key == "location"}
-    return path.stat().st_size + sum((path.parent / name).stat().st_size for name in locations)
+    from corpus import model_files  # benchmarks/corpus.py (on the path when this runs)
+
+    return sum(f.stat().st_size for f in model_files(path))
 
 
 def check_model(model: Any, work: Path, cache: Path | None = None) -> CorpusResult:
