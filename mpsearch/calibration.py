@@ -43,7 +43,10 @@ logger = logging.getLogger(__name__)
 
 TABLE_JSON = "calibration.json"
 TABLE_NPZ = "calibration.npz"
-_FORMAT = 1
+_FORMAT = 2
+#: A Softmax input's values more than this far below their row's maximum weigh less than
+#: exp(-20) = 2e-9 of it: their range is clipped there (see ``TensorStats.softmax_row_max``).
+SOFTMAX_SPAN = 20.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,6 +62,11 @@ class TensorStats:
     hist: np.ndarray = field(repr=False, compare=False)
     hist_lo: float
     hist_hi: float
+    #: For a tensor read only by Softmax: the smallest row maximum (along the Softmax axis)
+    #: seen. Values below it minus :data:`SOFTMAX_SPAN` carry no weight after the Softmax in
+    #: any row, so the range's lower end is clipped there: an additive attention mask of
+    #: -10000 then no longer shares an 8-bit scale with the scores. None otherwise.
+    softmax_row_max: float | None = None
 
     @property
     def lo(self) -> float:
@@ -70,7 +78,8 @@ class TensorStats:
 
     def to_dict(self) -> dict[str, Any]:
         return {"count": self.count, "min": self.min, "max": self.max, "mean": self.mean,
-                "std": self.std, "hist_lo": self.hist_lo, "hist_hi": self.hist_hi}
+                "std": self.std, "hist_lo": self.hist_lo, "hist_hi": self.hist_hi,
+                "softmax_row_max": self.softmax_row_max}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,6 +159,18 @@ class CalibrationTable:
 
 def _derive(s: TensorStats, method: str, bits: int, symmetric: bool,
             p: float) -> tuple[float, float]:
+    a, b = _derive_method(s, method, bits, symmetric, p)
+    if s.softmax_row_max is None:
+        return a, b
+    floor = s.softmax_row_max - SOFTMAX_SPAN
+    if symmetric:
+        t = min(b, max(abs(max(s.min, floor)), abs(s.max)))
+        return (-t, t)
+    return (min(max(a, floor), b), b)
+
+
+def _derive_method(s: TensorStats, method: str, bits: int, symmetric: bool,
+                   p: float) -> tuple[float, float]:
     amax = max(abs(s.min), abs(s.max))
     if s.count == 0 or not s.hist_hi > s.hist_lo or s.max <= s.min:
         return (-amax, amax) if symmetric else (s.min, s.max)
@@ -208,7 +229,9 @@ def load_table(directory: str | os.PathLike[str]) -> CalibrationTable:
         tensors[name] = TensorStats(
             name=name, count=int(d["count"]), min=_num(d["min"], math.inf),
             max=_num(d["max"], -math.inf), mean=_num(d["mean"], 0.0), std=_num(d["std"], 0.0),
-            hist=hist, hist_lo=float(d["hist_lo"]), hist_hi=float(d["hist_hi"]))
+            hist=hist, hist_lo=float(d["hist_lo"]), hist_hi=float(d["hist_hi"]),
+            softmax_row_max=None if d.get("softmax_row_max") is None
+            else float(d["softmax_row_max"]))
     return CalibrationTable(
         model_fingerprint=meta["model_fingerprint"], data_fingerprint=meta["data_fingerprint"],
         method=meta["method"], samples=int(meta["samples"]), bins=int(meta["bins"]),
@@ -231,10 +254,13 @@ class _Collector:
     doubles, old bins merge exactly into new ones, and the final histogram does not depend on
     the batch size or order."""
 
-    __slots__ = ("bins", "count", "hist", "lo", "hi", "max", "min", "pending", "sum", "sumsq")
+    __slots__ = ("axis", "bins", "count", "hist", "lo", "hi", "max", "min", "pending",
+                 "row_max", "sum", "sumsq")
 
-    def __init__(self, bins: int) -> None:
+    def __init__(self, bins: int, softmax_axis: int | None = None) -> None:
         self.bins = bins
+        self.axis = softmax_axis  # set for a tensor read only by Softmax (along this axis)
+        self.row_max = math.inf
         self.count = 0
         self.sum = self.sumsq = 0.0
         self.min, self.max = math.inf, -math.inf
@@ -253,6 +279,8 @@ class _Collector:
         self.sum += s
         self.sumsq += ss
         self.min, self.max = min(self.min, mn), max(self.max, mx)
+        if self.axis is not None and x.size:
+            self.row_max = min(self.row_max, float(x.max(axis=self.axis).min()))
         if ready and lo <= mn and mx <= hi:
             assert self.hist is not None
             self.hist += hist
@@ -299,8 +327,28 @@ class _Collector:
         hist.flags.writeable = False
         mean = self.sum / self.count if self.count else 0.0
         var = max(0.0, self.sumsq / self.count - mean * mean) if self.count else 0.0
+        row_max = self.row_max if self.axis is not None and self.count else None
         return TensorStats(name=name, count=self.count, min=self.min, max=self.max, mean=mean,
-                           std=math.sqrt(var), hist=hist, hist_lo=self.lo, hist_hi=self.hi)
+                           std=math.sqrt(var), hist=hist, hist_lo=self.lo, hist_hi=self.hi,
+                           softmax_row_max=row_max)
+
+
+def softmax_axes(graph: ModelGraph) -> dict[str, int]:
+    """{tensor: axis} for the activations read only by Softmax nodes over one same axis (the
+    graph is at opset >= 13, where Softmax normalizes along ``axis``, default -1)."""
+    out: dict[str, int] = {}
+    outputs = {o.name for o in graph.outputs}
+    for tensor in graph.activation_tensors():
+        if tensor in outputs:
+            continue
+        readers = [graph.nodes[n] for n in graph.consumers(tensor)]
+        if not readers or any(r.op_type != "Softmax" or r.domain not in ("", "ai.onnx")
+                              or r.inputs[0] != tensor for r in readers):
+            continue
+        axes = {int(r.attributes.get("axis", -1)) for r in readers}
+        if len(axes) == 1:
+            out[tensor] = axes.pop()
+    return out
 
 
 def _fixed_batch(graph: ModelGraph) -> int | None:
@@ -359,7 +407,8 @@ def calibrate(
     session = create_session(graph.model, threads=threads, extra_outputs=exposed,
                              optimize=optimize, label=graph.name)
     kernels.set_threads(threads)
-    collectors = {t: _Collector(bins) for t in tensors}
+    axes = softmax_axes(graph)
+    collectors = {t: _Collector(bins, axes.get(t)) for t in tensors}
     start = time.perf_counter()
 
     def collect(feeds: Mapping[str, np.ndarray], index: int, first: int) -> int:

@@ -132,11 +132,18 @@ class FrontPoint:
                    metric=float(data["metric"]), search_metric=data.get("search_metric"),
                    size=int(data["size"]),
                    **{k: data.get(k) for k in _LATENCY_FIELDS},
-                   metrics=dict(data.get("metrics", {})), assignment=dict(data["assignment"]),
+                   metrics=_metrics(data.get("metrics", {})), assignment=dict(data["assignment"]),
                    counts=dict(data.get("counts", {})),
                    differs_from_int8=tuple(data.get("differs_from_int8", ())),
                    source=str(data.get("source", "")), interval=_interval(data.get("interval")),
                    dominated=bool(data.get("dominated", False)))
+
+
+def _metrics(data: Mapping[str, Any]) -> dict[str, float]:
+    """Metrics read back from JSON, where non-finite values were written as null: the SQNR of
+    an output identical to FP32's (no noise) is infinite, anything else not a number."""
+    return {name: (math.inf if name == "sqnr" else math.nan) if value is None else float(value)
+            for name, value in data.items()}
 
 
 def _interval(value: Any) -> tuple[float, float] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import tracemalloc
@@ -295,3 +296,69 @@ def test_automatic_batch_fits_the_activation_budget(digits: Dataset) -> None:
         other = automatic.tensors[name]
         assert (other.count, other.min, other.max) == (stats.count, stats.min, stats.max)
         np.testing.assert_allclose(other.mean, stats.mean, rtol=1e-5, atol=1e-6)
+
+
+def _masked_attention(also_read_by_relu: bool = False) -> ModelGraph:
+    """scores [N, 8] + mask [N, 8] (0 or -10000) -> Softmax(axis -1): BERT's additive mask."""
+    nodes = [helper.make_node("Add", ["scores", "mask"], ["masked"], name="add"),
+             helper.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1)]
+    outputs = [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["n", 8])]
+    if also_read_by_relu:
+        nodes.append(helper.make_node("Relu", ["masked"], ["relu"], name="relu"))
+        outputs.append(helper.make_tensor_value_info("relu", TensorProto.FLOAT, ["n", 8]))
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n", 8])
+              for n in ("scores", "mask")]
+    graph = helper.make_graph(nodes, "attention", inputs, outputs)
+    return load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def _masked_data(n: int = 64) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    scores = rng.normal(0.0, 3.0, (n, 8)).astype(np.float32)
+    keep = np.arange(8)[None, :] < rng.integers(2, 9, (n, 1))  # 2-8 real tokens, then padding
+    return {"scores": scores, "mask": np.where(keep, 0.0, -10000.0).astype(np.float32)}
+
+
+def test_softmax_inputs_are_clipped_where_softmax_ignores_them() -> None:
+    """A tensor read only by Softmax keeps the smallest row maximum it showed; its range ends
+    SOFTMAX_SPAN below that (values further down weigh < 2e-9 in every row), so a -10000 mask
+    no longer sets the scale the real scores are quantized with."""
+    from mpsearch import build_qdq, load_profile, uniform_assignment
+    from mpsearch.runtime import create_session
+
+    graph, feeds = _masked_attention(), _masked_data()
+    assert cal.softmax_axes(graph) == {"masked": -1}
+    table = calibrate(graph, Dataset(inputs=feeds))
+    masked = feeds["scores"] + feeds["mask"]
+    row_max = float(masked.max(axis=-1).min())
+    stats = table.tensors["masked"]
+    assert stats.softmax_row_max == pytest.approx(row_max, abs=1e-6)
+    assert stats.min < -9000  # the mask is still seen ...
+    lo, hi = table.range("masked")  # ... but clipped
+    assert (lo, hi) == pytest.approx((row_max - cal.SOFTMAX_SPAN, float(masked.max())), abs=1e-5)
+    assert table.range("masked", symmetric=True) == pytest.approx((lo, -lo), abs=1e-5)
+    assert table.tensors["scores"].softmax_row_max is None  # read by Add
+
+    profile = load_profile("x86_ort_auto")
+    reference = create_session(graph.model).run(feeds)["probs"]
+    unclipped = dataclasses.replace(table, tensors={
+        **table.tensors, "masked": dataclasses.replace(stats, softmax_row_max=None)})
+    errors = {}
+    for name, t in (("clipped", table), ("unclipped", unclipped)):
+        model = build_qdq(graph, t, profile, uniform_assignment(graph, profile, "int8"))
+        errors[name] = float(np.abs(create_session(model).run(feeds)["probs"] - reference).max())
+    step = (hi - lo) / 255  # one uint8 step of the clipped range
+    assert errors["clipped"] <= step  # |d softmax| <= max |d input| for rounding errors
+    assert errors["unclipped"] > 0.3  # a step of ~39: the real scores collapse together
+
+
+def test_a_softmax_input_read_by_other_ops_keeps_its_range(tmp_path: Path) -> None:
+    graph, feeds = _masked_attention(also_read_by_relu=True), _masked_data()
+    assert cal.softmax_axes(graph) == {}
+    table = calibrate(graph, Dataset(inputs=feeds))
+    assert table.tensors["masked"].softmax_row_max is None
+    assert table.range("masked")[0] == pytest.approx(table.tensors["masked"].min)
+    plain = calibrate(_masked_attention(), Dataset(inputs=feeds))
+    plain.save(tmp_path)  # the row maximum survives the table's JSON
+    assert load_table(tmp_path).tensors["masked"].softmax_row_max == pytest.approx(
+        plain.tensors["masked"].softmax_row_max)

@@ -188,5 +188,6 @@ def study_progress(
         if trial.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
             finished += 1
         if trial.state == optuna.trial.TrialState.COMPLETE and trial.values:
-            points.append((float(trial.values[0]), float(trial.values[1])))
+            metric = trial.user_attrs.get("metric", trial.values[0])  # without the tie-break
+            points.append((float(metric), float(trial.values[1])))
     return points, finished

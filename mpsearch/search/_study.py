@@ -10,6 +10,10 @@ profile's target, else estimated) on the search split.
   nodes that follow it, which runtimes fuse), values = the formats the profile allows, by rank.
 * Seeds, enqueued before the sampler: uniform formats, the greedy "promote the k most sensitive
   groups" path and knapsack solutions of the additive sensitivity model for several size budgets.
+* Objective: the metric; for an accuracy-like metric (k of n samples agree) plus a tie-break
+  below one sample from the output SQNR (:meth:`_Objective.score`), so that on a search split
+  where many configurations reach the same count, a larger one with less output noise is not
+  dominated by a smaller, noisier one. Records and the front report the metric itself.
 * Constraints: size limits are repaired before evaluation; duplicates are served from a cache;
   the metric is raced (a first chunk, then doubling, :func:`race_stages`) and a trial that
   cannot reach the front is pruned at the first stage that shows it.
@@ -63,6 +67,8 @@ class TrialRecord:
     state: str
     metric: float | None
     size: int
+    #: The value the sampler optimized (the metric with :meth:`_Objective.score`'s tie-break).
+    score: float | None = None
     latency: float | None
     source: str
     assignment: Mapping[str, str] = field(repr=False)
@@ -92,7 +98,8 @@ class _Objective:
         self.noise: Mapping[tuple[str, str], float] = {}
         self.min_metric = min_metric
         self.max_size = max_size
-        self.cache: dict[str, tuple[float, ...]] = {}
+        self.cache: dict[str, tuple[float, ...]] = {}  # assignment key -> objective values
+        self.metrics: dict[str, float] = {}  # assignment key -> the metric (no tie-break)
         self.timing = {"build": 0.0, "session": 0.0, "inference": 0.0}
         self.evaluations = 0
         self.higher = measurer.higher_is_better
@@ -151,13 +158,28 @@ class _Objective:
         trial.set_user_attr("assignment", assignment.to_dict())
         if key in self.cache:
             trial.set_user_attr("cached", True)
+            trial.set_user_attr("metric", self.metrics[key])
             return self.cache[key]
-        metric = self._measure(trial, assignment)
-        values = self.values(metric, assignment)
-        self.cache[key] = values
+        result = self._measure(trial, assignment)
+        values = self.values(self.score(result), assignment)
+        self.cache[key], self.metrics[key] = values, result.value
+        trial.set_user_attr("metric", result.value)
         return values
 
-    def _measure(self, trial: optuna.Trial, assignment: Assignment) -> float:
+    def score(self, result: Measurement) -> float:
+        """The objective value of ``result``: its metric; for an accuracy-like metric (``k`` of
+        ``n`` samples, higher is better) plus ``t / n`` with ``t = s / (s + 30)`` in [0, 1)
+        rising with the output SQNR ``s`` (dB, floored at 0). ``k`` still decides; among
+        configurations with the same count, the one with less output noise ranks higher."""
+        sqnr = result.sqnr
+        if (result.primary not in PROPORTION_METRICS or not self.higher or not result.samples
+                or sqnr is None or math.isnan(sqnr)):
+            return result.value
+        s = max(sqnr, 0.0)
+        tie = 1.0 if math.isinf(s) else s / (s + 30.0)
+        return result.value + min(tie, 1.0 - 1e-9) / result.samples
+
+    def _measure(self, trial: optuna.Trial, assignment: Assignment) -> Measurement:
         """The metric on the search split, raced: measured on a first chunk, then on twice as
         many samples, and so on up to all of them, continuing where the last stage stopped;
         a trial that is clearly dominated after any stage is pruned there."""
@@ -172,7 +194,7 @@ class _Objective:
                                          "samples cannot reach the front")
         self._account(result, before)
         trial.set_user_attr("metrics", dict(result.metrics))
-        return result.value
+        return result
 
     def _account(self, result: Measurement, before: int) -> None:
         if self.measurer.evaluations == before:
@@ -195,8 +217,8 @@ class _Objective:
         size = model_size(self.graph, self.profile, assignment)
         if self.min_metric is not None and self._worse(optimistic, self.min_metric):
             return True
-        for values in self.cache.values():
-            if values[1] <= size and self._worse(optimistic, values[0]):
+        for key, values in self.cache.items():
+            if values[1] <= size and self._worse(optimistic, self.metrics[key]):
                 return True
         return False
 
@@ -330,15 +352,16 @@ def _restore_cache(study: optuna.Study, objective: _Objective) -> None:
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         formats = trial.user_attrs.get("assignment")
         if formats:
-            assignment = make_assignment(objective.graph, objective.profile, formats)
-            objective.cache[assignment.key()] = tuple(trial.values)
+            key = make_assignment(objective.graph, objective.profile, formats).key()
+            objective.cache[key] = tuple(trial.values)
+            objective.metrics[key] = float(trial.user_attrs.get("metric", trial.values[0]))
 
 
 def _progress_callback(
     total: int, objective: _Objective, report: Reporter
 ) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        best = [t.values[0] for t in study.best_trials]
+        best = [float(t.user_attrs.get("metric", t.values[0])) for t in study.best_trials]
         info: dict[str, float | int] = {"front": len(best), "evals": objective.evaluations}
         if best:
             info["best"] = max(best) if objective.higher else min(best)
@@ -358,8 +381,9 @@ def _records(study: optuna.Study) -> tuple[TrialRecord, ...]:
         latency = values[2] if values is not None and len(values) > 2 else None
         records.append(TrialRecord(
             trial=trial.number, state=trial.state.name.lower(),
-            metric=None if values is None else float(values[0]),
+            metric=None if values is None else float(trial.user_attrs.get("metric", values[0])),
             size=int(values[1]) if values is not None else 0,
+            score=None if values is None else float(values[0]),
             latency=None if latency is None or np.isnan(latency) else float(latency),
             source=str(trial.user_attrs.get("source", "sampler")),
             assignment=formats,
@@ -369,22 +393,26 @@ def _records(study: optuna.Study) -> tuple[TrialRecord, ...]:
 
 def _front(records: Sequence[TrialRecord], min_metric: float | None, higher: bool
            ) -> tuple[TrialRecord, ...]:
-    """Feasible non-dominated records (metric vs size vs latency), one per objective vector."""
+    """Feasible non-dominated records (objective value vs size vs latency), one per objective
+    vector; the metric decides feasibility."""
     sign = 1.0 if higher else -1.0
     done = [r for r in records if r.metric is not None]
     if min_metric is not None:
         done = [r for r in done if sign * (r.metric or 0.0) >= sign * min_metric]
 
+    def value(record: TrialRecord) -> float:
+        return sign * (record.score if record.score is not None else record.metric or 0.0)
+
     def dominates(a: TrialRecord, b: TrialRecord) -> bool:
         la = a.latency if a.latency is not None else 0.0
         lb = b.latency if b.latency is not None else 0.0
-        ma, mb = sign * (a.metric or 0.0), sign * (b.metric or 0.0)  # None filtered out above
+        ma, mb = value(a), value(b)
         no_worse = ma >= mb and a.size <= b.size and la <= lb
         better = ma > mb or a.size < b.size or la < lb
         return no_worse and better
 
-    unique: dict[tuple[float | None, int, float | None], TrialRecord] = {}
+    unique: dict[tuple[float, int, float | None], TrialRecord] = {}
     for record in done:  # one point per objective vector (the first trial that reached it)
-        unique.setdefault((record.metric, record.size, record.latency), record)
+        unique.setdefault((value(record), record.size, record.latency), record)
     front = [r for r in unique.values() if not any(dominates(o, r) for o in unique.values())]
     return tuple(sorted(front, key=lambda r: (r.size, -sign * (r.metric or 0.0))))
