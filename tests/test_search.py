@@ -315,12 +315,14 @@ def test_score_breaks_ties_between_equal_counts_by_output_noise() -> None:
     from types import SimpleNamespace
 
     from mpsearch.analysis import Measurement
-    from mpsearch.search._study import _Objective
+    from mpsearch.search._study import SQNR_CAP, _Objective
 
-    def score(primary: str, value: float, sqnr: float, higher: bool = True) -> float:
+    def score(primary: str, value: float, sqnr: float, higher: bool = True,
+              by_sqnr: bool = False) -> float:
         result = Measurement(metrics={primary: value, "sqnr": sqnr}, primary=primary,
                              samples=128)
-        return _Objective.score(SimpleNamespace(higher=higher), result)  # type: ignore[arg-type]
+        objective = SimpleNamespace(higher=higher, by_sqnr=by_sqnr)
+        return _Objective.score(objective, result)  # type: ignore[arg-type]
 
     assert score("agreement", 127 / 128, 30.0) == pytest.approx((127 + 0.5) / 128, abs=1e-12)
     assert score("agreement", 127 / 128, 0.0) == 127 / 128
@@ -330,3 +332,39 @@ def test_score_breaks_ties_between_equal_counts_by_output_noise() -> None:
     assert score("accuracy", 126 / 128, math.inf) < 127 / 128
     assert score("cosine", 0.99, 30.0) == 0.99
     assert score("mse", 0.2, 30.0, higher=False) == 0.2
+    # search_score sqnr: the SQNR itself (capped: an output identical to FP32's is infinite)
+    assert score("agreement", 0.5, 31.5, by_sqnr=True) == 31.5
+    assert score("mse", 0.2, -3.0, higher=False, by_sqnr=True) == -3.0
+    assert score("agreement", 1.0, math.inf, by_sqnr=True) == SQNR_CAP
+    assert score("agreement", 1.0, math.nan, by_sqnr=True) == -SQNR_CAP
+
+
+@pytest.mark.parametrize(("setting", "metric", "expected"), [
+    ("auto", "agreement", True), ("auto", "accuracy", False), ("auto", "cosine", False),
+    ("metric", "agreement", False), ("sqnr", "accuracy", True)])
+def test_search_score_setting(setting: str, metric: str, expected: bool) -> None:
+    """``evaluation.search_score``: ``auto`` searches by SQNR exactly when the metric is
+    agreement with FP32; the other two say which."""
+    from types import SimpleNamespace
+
+    from mpsearch.search._study import search_by_sqnr
+    from mpsearch.spec import SearchSpec
+
+    spec = SearchSpec(model="m.onnx", profile="x86_ort", data="d.npz", search_score=setting)
+    measurer = SimpleNamespace(fp32=lambda: SimpleNamespace(primary=metric))
+    assert search_by_sqnr(spec, measurer) is expected  # type: ignore[arg-type]
+
+
+def test_thin_front_keeps_the_ends_and_spreads_the_rest() -> None:
+    from mpsearch.search._study import TrialRecord, thin_front
+
+    front = [TrialRecord(trial=i, state="complete", metric=0.5 + 0.5 * i / 29,
+                         size=int(1000 * 1.1 ** i), latency=None, source="sampler",
+                         assignment={}) for i in range(30)]
+    kept = thin_front(front, 12)
+    assert len(kept) == 12 and kept[0] is front[0] and kept[-1] is front[-1]
+    trials = [r.trial for r in kept]
+    assert trials == sorted(trials)  # still by size
+    # A straight front in (log size, metric): the marks fall at evenly spaced trials.
+    assert trials == [round(29 * k / 11) for k in range(12)]
+    assert thin_front(front[:5], 12) == tuple(front[:5])

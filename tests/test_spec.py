@@ -49,6 +49,8 @@ BAD = [
      r"recovery\.smoothquant_alpha must be a number, got 'half'"),
     (GOOD + "recovery: {smooth_quant: true}\n",
      r"unknown key 'smooth_quant' in recovery; did you mean 'smoothquant'\?"),
+    (GOOD + "evaluation: {search_score: kl}\n",
+     r"spec\.yaml:5: evaluation\.search_score must be one of auto, metric, sqnr, got 'kl'"),
 ]
 
 
@@ -77,6 +79,10 @@ def test_recovery_section_defaults_off_and_round_trips(tmp_path: Path) -> None:
     again = tmp_path / "again.yaml"
     again.write_text(on.to_yaml())
     assert load_spec(again).to_dict() | {"path": None} == on.to_dict() | {"path": None}
+    assert spec.search_score == "auto"
+    scored = load_spec(_write(tmp_path, GOOD + "evaluation: {search_score: sqnr}\n"))
+    again.write_text(scored.to_yaml())
+    assert load_spec(again).search_score == "sqnr"
 
 
 def test_paths_resolve_relative_to_the_spec() -> None:

@@ -10,10 +10,12 @@ profile's target, else estimated) on the search split.
   nodes that follow it, which runtimes fuse), values = the formats the profile allows, by rank.
 * Seeds, enqueued before the sampler: uniform formats, the greedy "promote the k most sensitive
   groups" path and knapsack solutions of the additive sensitivity model for several size budgets.
-* Objective: the metric; for an accuracy-like metric (k of n samples agree) plus a tie-break
-  below one sample from the output SQNR (:meth:`_Objective.score`), so that on a search split
-  where many configurations reach the same count, a larger one with less output noise is not
-  dominated by a smaller, noisier one. Records and the front report the metric itself.
+* Objective (spec ``evaluation.search_score``, :meth:`_Objective.score`): the model output's
+  SQNR against FP32 for ``agreement`` (continuous and stable across splits, where a count of
+  128 samples is not), else the metric; an accuracy-like metric (k of n samples) carries a
+  tie-break below one sample from the SQNR, so that a larger, less noisy configuration with
+  the same count is not dominated by a smaller, noisier one. The metric is measured either
+  way: it decides feasibility, and records and the front report it.
 * Constraints: size limits are repaired before evaluation; duplicates are served from a cache;
   the metric is raced (a first chunk, then doubling, :func:`race_stages`) and a trial that
   cannot reach the front is pruned at the first stage that shows it.
@@ -102,7 +104,9 @@ class _Objective:
         self.metrics: dict[str, float] = {}  # assignment key -> the metric (no tie-break)
         self.timing = {"build": 0.0, "session": 0.0, "inference": 0.0}
         self.evaluations = 0
-        self.higher = measurer.higher_is_better
+        self.higher = measurer.higher_is_better  # the metric's direction
+        self.by_sqnr = search_by_sqnr(spec, measurer)
+        self.score_higher = self.by_sqnr or self.higher  # the objective's direction
 
     def measure_costs(self, progress: Reporter | None) -> dict[tuple[str, str], float]:
         """The additive sensitivity model that seeds the search (see :func:`group_costs`)."""
@@ -167,11 +171,15 @@ class _Objective:
         return values
 
     def score(self, result: Measurement) -> float:
-        """The objective value of ``result``: its metric; for an accuracy-like metric (``k`` of
-        ``n`` samples, higher is better) plus ``t / n`` with ``t = s / (s + 30)`` in [0, 1)
-        rising with the output SQNR ``s`` (dB, floored at 0). ``k`` still decides; among
-        configurations with the same count, the one with less output noise ranks higher."""
+        """The objective value of ``result``: its output SQNR (dB, within +-SQNR_CAP) when the
+        search scores by SQNR; else its metric, for an accuracy-like metric (``k`` of ``n``
+        samples, higher is better) plus ``t / n`` with ``t = s / (s + 30)`` in [0, 1) rising
+        with the output SQNR ``s`` (dB, floored at 0): ``k`` still decides; among equal counts
+        the configuration with less output noise ranks higher."""
         sqnr = result.sqnr
+        if self.by_sqnr:
+            value = -SQNR_CAP if sqnr is None or math.isnan(sqnr) else sqnr
+            return min(max(value, -SQNR_CAP), SQNR_CAP)
         if (result.primary not in PROPORTION_METRICS or not self.higher or not result.samples
                 or sqnr is None or math.isnan(sqnr)):
             return result.value
@@ -217,6 +225,9 @@ class _Objective:
         size = model_size(self.graph, self.profile, assignment)
         if self.min_metric is not None and self._worse(optimistic, self.min_metric):
             return True
+        if self.by_sqnr:  # dominated in SQNR by more than its slack at this sample count
+            best = self.score(partial) + SQNR_SLACK_DB * math.sqrt(SQNR_SLACK_SAMPLES / samples)
+            return any(values[1] <= size and values[0] > best for values in self.cache.values())
         for key, values in self.cache.items():
             if values[1] <= size and self._worse(optimistic, self.metrics[key]):
                 return True
@@ -224,6 +235,44 @@ class _Objective:
 
     def _worse(self, a: float, b: float) -> bool:
         return a < b if self.higher else a > b
+
+
+#: Objective values in dB stay within +-SQNR_CAP (an output identical to FP32's is infinite).
+SQNR_CAP = 1000.0
+#: Racing by SQNR: a trial measured on ``n`` samples is pruned when a finished one at no larger
+#: size beats it by more than SQNR_SLACK_DB * sqrt(SQNR_SLACK_SAMPLES / n) dB.
+SQNR_SLACK_DB = 3.0
+SQNR_SLACK_SAMPLES = 32
+
+
+#: The most front points handed on (each is re-measured on held-out data and timed): a front
+#: searched by a continuous score can hold dozens of near neighbours.
+FRONT_POINTS = 12
+
+
+def thin_front(front: Sequence[TrialRecord], limit: int) -> tuple[TrialRecord, ...]:
+    """At most ``limit`` (>= 2) of ``front`` (sorted by size): the smallest and the largest
+    point, and between them the points nearest to evenly spaced marks along the front's
+    length in (log size, metric), each axis scaled to [0, 1]."""
+    if len(front) <= limit:
+        return tuple(front)
+    xs = np.log([max(r.size, 1) for r in front])
+    ys = np.array([r.metric or 0.0 for r in front])
+    span = [max(float(v.max() - v.min()), 1e-12) for v in (xs, ys)]
+    steps = np.hypot(np.diff(xs) / span[0], np.diff(ys) / span[1])
+    length = np.concatenate([[0.0], np.cumsum(steps)])
+    chosen: list[int] = []
+    for mark in np.linspace(0.0, length[-1], limit):
+        order = np.argsort(np.abs(length - mark), kind="stable")
+        chosen.append(next((int(i) for i in order if int(i) not in chosen), int(order[0])))
+    return tuple(front[i] for i in sorted(set(chosen)))
+
+
+def search_by_sqnr(spec: SearchSpec, measurer: Measurer) -> bool:
+    """Whether the search optimizes the output SQNR (spec ``evaluation.search_score``)."""
+    if spec.search_score == "auto":
+        return measurer.fp32().primary == "agreement"
+    return spec.search_score == "sqnr"
 
 
 def race_stages(total: int, chunks: int) -> tuple[int, ...]:
@@ -281,7 +330,7 @@ def run_search(
         budget = profile.memory_budget_bytes
         max_size = budget if max_size is None else min(max_size, budget)
     objective = _Objective(measurer, summary, spec, groups, min_metric, max_size)
-    directions = ["maximize" if higher else "minimize", "minimize"]
+    directions = ["maximize" if objective.score_higher else "minimize", "minimize"]
     if "latency" in spec.objectives:
         directions.append("minimize")
     study = open_study(spec, run_dir, directions=directions, resume=resume, inputs=inputs)
@@ -303,7 +352,11 @@ def run_search(
         study.optimize(objective, n_trials=remaining, timeout=spec.timeout_s,
                        gc_after_trial=False, callbacks=callbacks, catch=())
     records = _records(study)
-    front = _front(records, min_metric, higher)
+    front = _front(records, min_metric, higher, objective.score_higher)
+    if len(front) > FRONT_POINTS:
+        logger.info("search front: %d points; re-measuring %d spread along it", len(front),
+                    FRONT_POINTS)
+        front = thin_front(front, FRONT_POINTS)
     return SearchResult(trials=records, front=front, evaluations=objective.evaluations,
                         seconds=time.perf_counter() - start, timing=dict(objective.timing))
 
@@ -391,17 +444,21 @@ def _records(study: optuna.Study) -> tuple[TrialRecord, ...]:
     return tuple(records)
 
 
-def _front(records: Sequence[TrialRecord], min_metric: float | None, higher: bool
-           ) -> tuple[TrialRecord, ...]:
+def _front(records: Sequence[TrialRecord], min_metric: float | None, higher: bool,
+           score_higher: bool | None = None) -> tuple[TrialRecord, ...]:
     """Feasible non-dominated records (objective value vs size vs latency), one per objective
-    vector; the metric decides feasibility."""
+    vector; the metric (``higher`` is better or not) decides feasibility, the objective value
+    (``score_higher``, default ``higher``) dominance."""
     sign = 1.0 if higher else -1.0
+    score_sign = sign if score_higher is None else (1.0 if score_higher else -1.0)
     done = [r for r in records if r.metric is not None]
     if min_metric is not None:
         done = [r for r in done if sign * (r.metric or 0.0) >= sign * min_metric]
 
     def value(record: TrialRecord) -> float:
-        return sign * (record.score if record.score is not None else record.metric or 0.0)
+        if record.score is not None:
+            return score_sign * record.score
+        return sign * (record.metric or 0.0)
 
     def dominates(a: TrialRecord, b: TrialRecord) -> bool:
         la = a.latency if a.latency is not None else 0.0
