@@ -462,6 +462,24 @@ def cosine_099_share(outputs: np.ndarray, reference: np.ndarray,
     return cosine_099(outputs, reference, labels) / len(outputs)
 
 
+def ctc_strings_share(outputs: np.ndarray, reference: np.ndarray,
+                      labels: np.ndarray | None) -> float:
+    """:func:`ctc_strings` as a share of the samples (a search metric, ``corpus:...``)."""
+    return ctc_strings(outputs, reference, labels) / len(outputs)
+
+
+def nsfw_001_share(outputs: np.ndarray, reference: np.ndarray,
+                   labels: np.ndarray | None) -> float:
+    """:func:`nsfw_001` as a share of the samples (a search metric, ``corpus:...``)."""
+    return nsfw_001(outputs, reference, labels) / len(outputs)
+
+
+#: The search metric of a corpus metric scored against FP32 (top-1 ones use ``agreement``).
+SEARCH_METRICS: dict[Metric, str] = {cosine_099: "corpus:cosine_099_share",
+                                     ctc_strings: "corpus:ctc_strings_share",
+                                     nsfw_001: "corpus:nsfw_001_share"}
+
+
 def model_files(path: Path) -> list[Path]:
     """``path`` and the external data files its initializers point at (beside it)."""
     import onnx
@@ -492,7 +510,7 @@ def write_search(key: str, out: Path, trials: int, samples: int = 320) -> Path:
     arrays = dict(inputs) if labels is None else {**inputs, "labels": labels}
     np.savez(out / "data.npz", **arrays)  # type: ignore[arg-type]
     metric = ("accuracy" if labels is not None else
-              "corpus:cosine_099_share" if model.metric is cosine_099 else "agreement")
+              SEARCH_METRICS.get(model.metric, "agreement"))
     spec = out / "search.yaml"
     spec.write_text(
         f"# {key}: {model.task}; written by benchmarks/corpus.py --search\n"
