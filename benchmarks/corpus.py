@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 import sysconfig
 import tempfile
@@ -245,6 +246,108 @@ def build_magika(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
     return {"bytes": np.stack(rows)}, None
 
 
+
+#: Captcha glyphs: letters whose two cases look alike in the font (C/c, S/s, O/o, ...) and the
+#: look-alikes I/l/1/0 are left out, so a string read in the wrong case is a real misreading.
+CAPTCHA = "ABDEFGHJLMNQRTYabdefghmnqrty23456789"
+
+
+def captchas(count: int, seed: int) -> tuple[list[str], list[Image.Image]]:
+    """``count`` captcha-like 150 x 50 images and their texts: 4-6 glyphs of :data:`CAPTCHA`,
+    each in its own size, colour, rotation and height, over noise lines and dots."""
+    rng = np.random.default_rng(seed)
+    texts, images = [], []
+    for _ in range(count):
+        text = "".join(CAPTCHA[i] for i in rng.integers(0, len(CAPTCHA), int(rng.integers(4, 7))))
+        image = Image.new("RGB", (150, 50), tuple(int(v) for v in rng.integers(200, 256, 3)))
+        draw = ImageDraw.Draw(image)
+        for _ in range(int(rng.integers(2, 5))):
+            draw.line([(int(rng.integers(0, 150)), int(rng.integers(0, 50))) for _ in range(2)],
+                      fill=tuple(int(v) for v in rng.integers(80, 200, 3)), width=1)
+        x = int(rng.integers(4, 12))
+        step = (150 - 2 * x) / len(text)
+        for index, char in enumerate(text):
+            glyph = _glyph(char, int(rng.integers(26, 34)), float(rng.uniform(-20, 20)))
+            ink = Image.new("RGB", glyph.size, tuple(int(v) for v in rng.integers(0, 120, 3)))
+            image.paste(ink, (int(x + index * step + rng.uniform(-2, 2)),
+                              int(rng.integers(0, max(1, 58 - glyph.height)))), glyph)
+        pixels = np.asarray(image, np.float32) + rng.normal(0, 8, (50, 150, 3))
+        dots = rng.integers(0, [50, 150], (60, 2))
+        pixels[dots[:, 0], dots[:, 1]] = rng.integers(0, 256, (60, 3))
+        texts.append(text)
+        images.append(Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)))
+    return texts, images
+
+
+def _glyph(char: str, size: int, angle: float) -> Image.Image:
+    """A mask of one character, rotated by ``angle`` degrees."""
+    mask = Image.new("L", (size + 8, size + 12), 0)
+    ImageDraw.Draw(mask).text((4, 2), char, fill=255, font=_font(size))
+    return mask.rotate(angle, resample=Image.Resampling.BILINEAR)
+
+
+def ddddocr_tensor(image: Image.Image) -> np.ndarray:
+    """ddddocr's OCR preprocessing: height 64 keeping the aspect ratio (Lanczos), grayscale,
+    x/255, [1, 64, width]."""
+    width = int(image.width * 64 / image.height)
+    gray = image.resize((width, 64), Image.Resampling.LANCZOS).convert("L")
+    return (np.asarray(gray, np.float32) / 255.0)[None]
+
+
+def build_ddddocr_ocr(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+    """Captchas (:func:`captchas`), all 150 x 50, so all 192 x 64 after preprocessing."""
+    _, images = captchas(count, seed)
+    return {"input1": np.stack([ddddocr_tensor(image) for image in images])}, None
+
+
+def ddddocr_charset() -> list[str]:
+    """The recognizer's 8210 symbols (index 0 the CTC blank): ``CHARSET_BETA`` of the package's
+    charsets.py, the set ddddocr pairs with common.onnx (read as a literal, not imported)."""
+    import ast
+
+    folder = _package_dir("ddddocr")
+    if folder is None:
+        raise FileNotFoundError("ddddocr is not installed (pip install --no-deps ddddocr==1.6.1)")
+    tree = ast.parse((folder / "charsets.py").read_text(encoding="utf-8"))
+    return next(ast.literal_eval(node.value) for node in tree.body
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == "CHARSET_BETA")
+
+
+def ctc_texts(logits: np.ndarray, charset: list[str]) -> list[str]:
+    """Greedy CTC decoding of [N, sequence, symbols]: repeats merged, blank 0 dropped."""
+    best = logits.argmax(-1)
+    return ["".join(charset[c] for i, c in enumerate(row) if c and (i == 0 or c != row[i - 1]))
+            for row in best]
+
+
+def _make_ddddocr_ocr(source: Path, cache: Path) -> Path:
+    """``cache``/ddddocr_common.<size>.onnx: the package's graph, its output made batch-first.
+    ddddocr's recognizer returns logits [sequence, 1, 8210] (time-first; the file declares
+    [1, seqlen]); mpsearch runs a model whose batch is written as 1 one sample at a time and
+    concatenates the outputs on their first axis, so the corpus appends one Transpose to
+    [1, sequence, 8210] (exact: it moves no value) and declares that shape."""
+    import onnx
+
+    target = cache / f"ddddocr_common.{source.stat().st_size}.onnx"
+    if target.is_file():
+        return target
+    model = onnx.load(source)
+    graph = model.graph
+    time_first = graph.output[0].name
+    graph.node.append(onnx.helper.make_node("Transpose", [time_first], ["logits"],
+                                            perm=[1, 0, 2], name="batch_first"))
+    del graph.output[:]
+    graph.output.append(onnx.helper.make_tensor_value_info(
+        "logits", onnx.TensorProto.FLOAT, [1, "sequence", 8210]))
+    cache.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache, suffix=".onnx.tmp")
+    os.close(fd)
+    onnx.save(model, tmp)
+    os.replace(tmp, target)
+    return target
+
+
 # ---------------------------------------------------------------------------------- metrics
 def top1(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> int:
     """Samples whose top class is the label (or the FP32 model's top class)."""
@@ -312,6 +415,10 @@ CORPUS: tuple[CorpusModel, ...] = (
                 task="sentence embedding (all-MiniLM-L6-v2, 384-d)", licence="Apache-2.0",
                 build=build_minilm, metric=cosine_099, metric_name="cosine >= 0.99 with FP32",
                 make=_make_minilm, needs=("tokenizers",)),
+    CorpusModel(key="ddddocr_ocr", package="ddddocr", module="ddddocr", file="common.onnx",
+                exporter="PyTorch 1.9, opset 12", task="captcha OCR (CTC, 8210 symbols)",
+                licence="MIT", build=build_ddddocr_ocr, metric=ctc_strings,
+                metric_name="CTC string = FP32", make=_make_ddddocr_ocr),
 )
 
 
