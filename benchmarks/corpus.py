@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 Inputs = dict[str, np.ndarray]
 #: Where models built from weights (``CorpusModel.make``) are written once; tests pass their own.
@@ -348,6 +348,48 @@ def _make_ddddocr_ocr(source: Path, cache: Path) -> Path:
     return target
 
 
+def _photo(width: int, height: int, rng: np.random.Generator) -> Image.Image:
+    """A photo-like background: a blend of three colours, soft blobs, blur and noise."""
+    y = np.linspace(0, 1, height)[:, None, None]
+    x = np.linspace(0, 1, width)[None, :, None]
+    top, bottom, side = (rng.uniform(30, 230, 3) for _ in range(3))
+    pixels = (top * (1 - y) + bottom * y) * (1 - 0.5 * x) + side * 0.5 * x
+    image = Image.fromarray(np.clip(pixels + rng.normal(0, 4, (height, width, 3)), 0, 255)
+                            .astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(int(rng.integers(4, 10))):
+        x0, y0, size = int(rng.integers(-40, width)), int(rng.integers(-40, height)), \
+            int(rng.integers(20, 120))
+        draw.ellipse((x0, y0, x0 + size, y0 + size * rng.uniform(0.5, 1.5)),
+                     fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+    return image.filter(ImageFilter.GaussianBlur(float(rng.uniform(2, 6))))
+
+
+def click_captcha(rng: np.random.Generator) -> Image.Image:
+    """A click-captcha-like 416 x 260 scene: 3-5 large rotated glyphs in random colours, each in
+    its own cell of a 4 x 2 grid, on :func:`_photo`."""
+    width, height = 416, 260
+    image = _photo(width, height, rng)
+    for cell in rng.permutation(8)[:int(rng.integers(3, 6))]:
+        glyph = _glyph(CAPTCHA[int(rng.integers(len(CAPTCHA)))], int(rng.integers(34, 52)),
+                       float(rng.uniform(-35, 35)))
+        x = int(cell % 4 * width / 4 + rng.uniform(0, width / 4 - glyph.width))
+        y = int(cell // 4 * height / 2 + rng.uniform(0, height / 2 - glyph.height))
+        ink = Image.new("RGB", glyph.size, tuple(int(v) for v in rng.integers(0, 256, 3)))
+        image.paste(ink, (x, y), glyph)
+    return image
+
+
+def build_ddddocr_det(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+    """ddddocr's detector preprocessing of :func:`click_captcha` scenes: BGR (as OpenCV decodes),
+    letterboxed top-left into 416 x 416 with grey 114 (the scene is 416 wide: scale 1), 0-255."""
+    rng = np.random.default_rng(seed)
+    images = np.full((count, 416, 416, 3), 114, np.uint8)
+    for index in range(count):
+        images[index, :260] = np.asarray(click_captcha(rng))[:, :, ::-1]
+    return {"images": images.transpose(0, 3, 1, 2).astype(np.float32)}, None
+
+
 # ---------------------------------------------------------------------------------- metrics
 def top1(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> int:
     """Samples whose top class is the label (or the FP32 model's top class)."""
@@ -388,6 +430,67 @@ def cosine_099(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | 
     return int(np.sum(dot >= 0.99 * np.maximum(norms, 1e-12)))
 
 
+def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of every box of ``a`` [n, 4] with every box of ``b`` [m, 4] (x0, y0, x1, y1)."""
+    low = np.maximum(a[:, None, :2], b[None, :, :2])
+    high = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.prod(np.clip(high - low, 0, None), -1)
+    area_a, area_b = np.prod(a[:, 2:] - a[:, :2], -1), np.prod(b[:, 2:] - b[:, :2], -1)
+    return inter / np.maximum(area_a[:, None] + area_b[None] - inter, 1e-9)
+
+
+def _nms(boxes: np.ndarray, scores: np.ndarray, threshold: float, overlap: float) -> np.ndarray:
+    """Boxes scoring above ``threshold``, best first, each dropping the later ones that overlap
+    it by IoU > ``overlap``."""
+    order = np.flatnonzero(scores > threshold)
+    order = order[np.argsort(-scores[order], kind="stable")]
+    kept = []
+    while order.size:
+        kept.append(order[0])
+        order = order[1:][_iou(boxes[order[:1]], boxes[order[1:]])[0] <= overlap]
+    return boxes[kept]
+
+
+def _same_boxes(ours: np.ndarray, theirs: np.ndarray, iou: float) -> bool:
+    """As many boxes, each of ``theirs`` (best first) matched to its own box of ``ours`` at
+    IoU >= ``iou``."""
+    if len(ours) != len(theirs):
+        return False
+    free = np.ones(len(ours), bool)
+    for row in _iou(theirs, ours) if len(ours) else ():
+        best = int(np.argmax(np.where(free, row, -1.0)))
+        if not free[best] or row[best] < iou:
+            return False
+        free[best] = False
+    return True
+
+
+def _yolox_boxes(out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ddddocr's YOLOX decoding of [N, 3549, 6] (416 x 416, strides 8/16/32): boxes
+    (x0, y0, x1, y1) [N, 3549, 4] and scores objectness x class [N, 3549]."""
+    grids, strides = [], []
+    for stride in (8, 16, 32):
+        cells = 416 // stride
+        xs, ys = np.meshgrid(np.arange(cells), np.arange(cells))
+        grids.append(np.stack((xs, ys), 2).reshape(-1, 2))
+        strides.append(np.full((cells * cells, 1), stride))
+    grid, stride = np.concatenate(grids), np.concatenate(strides)
+    centre = (out[..., :2] + grid) * stride
+    size = np.exp(out[..., 2:4]) * stride
+    return np.concatenate([centre - size / 2, centre + size / 2], -1), out[..., 4] * out[..., 5]
+
+
+def yolox_detections(outputs: np.ndarray, reference: np.ndarray,
+                     labels: np.ndarray | None) -> int:
+    """Images whose detections, as ddddocr reports them (score > 0.1, NMS at IoU 0.45), are
+    FP32's: as many boxes, matched one to one at IoU >= 0.7."""
+    boxes, scores = _yolox_boxes(outputs)
+    ref_boxes, ref_scores = _yolox_boxes(reference)
+    return sum(_same_boxes(_nms(boxes[i], scores[i], 0.1, 0.45),
+                           _nms(ref_boxes[i], ref_scores[i], 0.1, 0.45), 0.7)
+               for i in range(len(outputs)))
+
+
 CORPUS: tuple[CorpusModel, ...] = (
     CorpusModel(key="ppocr_cls", package="rapidocr-onnxruntime", module="rapidocr_onnxruntime",
                 file="models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
@@ -419,6 +522,11 @@ CORPUS: tuple[CorpusModel, ...] = (
                 exporter="PyTorch 1.9, opset 12", task="captcha OCR (CTC, 8210 symbols)",
                 licence="MIT", build=build_ddddocr_ocr, metric=ctc_strings,
                 metric_name="CTC string = FP32", make=_make_ddddocr_ocr),
+    CorpusModel(key="ddddocr_det", package="ddddocr", module="ddddocr", file="common_det.onnx",
+                exporter="PyTorch 1.9, opset 11", task="click-captcha detection (YOLOX, 1 class)",
+                licence="MIT", build=build_ddddocr_det, metric=yolox_detections,
+                metric_name="detections = FP32 (IoU >= 0.7)", calibration=32,
+                evaluation=96),
 )
 
 
