@@ -659,11 +659,42 @@ def cosine_099_share(outputs: np.ndarray, reference: np.ndarray,
     return cosine_099(outputs, reference, labels) / len(outputs)
 
 
-def write_search(key: str, out: Path, trials: int, samples: int = 320) -> Path:
+def ctc_strings_share(outputs: np.ndarray, reference: np.ndarray,
+                      labels: np.ndarray | None) -> float:
+    """:func:`ctc_strings` as a share of the samples (``corpus:ctc_strings_share``)."""
+    return ctc_strings(outputs, reference, labels) / len(outputs)
+
+
+def yolox_detections_share(outputs: np.ndarray, reference: np.ndarray,
+                           labels: np.ndarray | None) -> float:
+    """:func:`yolox_detections` as a share of the samples (``corpus:yolox_detections_share``)."""
+    return yolox_detections(outputs, reference, labels) / len(outputs)
+
+
+def confident_classes_share(outputs: np.ndarray, reference: np.ndarray,
+                            labels: np.ndarray | None) -> float:
+    """:func:`confident_classes` as a share of the samples
+    (``corpus:confident_classes_share``)."""
+    return confident_classes(outputs, reference, labels) / len(outputs)
+
+
+#: Corpus metrics a search spec names by their share form (``corpus:<name>``, with benchmarks/
+#: on PYTHONPATH): a CTC string, detections or embeddings are not the top-1 of the flattened
+#: output that the built-in ``agreement`` compares.
+SEARCH_METRICS: dict[Metric, str] = {
+    cosine_099: "cosine_099_share", ctc_strings: "ctc_strings_share",
+    yolox_detections: "yolox_detections_share", confident_classes: "confident_classes_share",
+}
+
+
+def write_search(key: str, out: Path, trials: int, samples: int | None = None) -> Path:
     """A search spec for a corpus model in ``out``: the model file (a symlink), ``data.npz``
-    (``samples`` inputs by construction: 64 calibrate, half the rest held out) and
-    ``search.yaml`` (x86_ort_auto, metric and size). Returns the spec's path."""
+    (``samples`` inputs by construction, by default the model's calibration samples and twice
+    its evaluation samples (320 by default): the calibration ones calibrate, half the rest are
+    held out) and ``search.yaml`` (x86_ort_auto, metric and size). Returns the spec's path."""
     model = by_key(key)
+    if samples is None:
+        samples = model.calibration + 2 * model.evaluation
     source = model.path()
     if source is None:
         raise FileNotFoundError(f"{model.package} is not installed")
@@ -675,12 +706,14 @@ def write_search(key: str, out: Path, trials: int, samples: int = 320) -> Path:
     arrays = dict(inputs) if labels is None else {**inputs, "labels": labels}
     np.savez(out / "data.npz", **arrays)  # type: ignore[arg-type]
     metric = ("accuracy" if labels is not None else
-              "corpus:cosine_099_share" if model.metric is cosine_099 else "agreement")
+              f"corpus:{SEARCH_METRICS[model.metric]}" if model.metric in SEARCH_METRICS
+              else "agreement")
     spec = out / "search.yaml"
     spec.write_text(
         f"# {key}: {model.task}; written by benchmarks/corpus.py --search\n"
         f"model: {link.name}\nprofile: x86_ort_auto\n"
-        f"data: {{source: data.npz, calibration: 64, held_out: 0.5, seed: 0}}\n"
+        f"data: {{source: data.npz, calibration: {model.calibration}, held_out: 0.5, "
+        f"seed: 0}}\n"
         f"metric: {metric}\nobjectives: [metric, size]\n"
         f"constraints: {{max_metric_drop: 0.05}}\nbudget: {{trials: {trials}}}\n"
         f"sampler: auto\nseed: 0\n")
