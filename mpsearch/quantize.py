@@ -54,13 +54,12 @@ def qparams(
 
     The range is widened to contain 0 (ONNX Runtime's rule). Symmetric signed grids put zero at
     0 and use [-qmax, qmax]; symmetric unsigned grids put it at the midpoint. ``reduce_range``
-    drops one bit (int8 in [-64, 63]). ``min_scale`` raises the scale where it is smaller (a
-    weight whose int32 bias would not fit otherwise).
+    halves the range as ONNX Runtime's quantizer does (int8 in [-64, 64], uint8 in [0, 127]);
+    ``narrow_range`` then has nothing to drop. ``min_scale`` raises the scale where it is
+    smaller (a weight whose int32 bias would not fit otherwise).
     """
-    qmin, qmax = _RANGE[dtype]
-    if reduce_range:
-        qmin, qmax = qmin // 2, qmax // 2
-    if narrow_range and qmin < 0:
+    qmin, qmax = reduced_range(dtype) if reduce_range else _RANGE[dtype]
+    if narrow_range and qmin < 0 and not reduce_range:
         qmin += 1
     lo = np.minimum(np.asarray(lo, dtype=np.float64), 0.0)
     hi = np.maximum(np.asarray(hi, dtype=np.float64), 0.0)
@@ -83,6 +82,15 @@ def qparams(
     if zero is None:
         zero = np.clip(np.round(qmin - lo / scale), qmin, qmax)
     return scale.astype(np.float32), zero.astype(_NP[dtype])
+
+
+def reduced_range(dtype: str) -> tuple[int, int]:
+    """ONNX Runtime's reduced integer range (``quant_utils.ONNX_INT_TYPE_REDUCED_RANGE``):
+    signed types keep one bit free on each side, symmetric around 0 (int8: [-64, 64], so a pair
+    of u8 x s8 products, 2 * 255 * 64 = 32640, fits VPMADDUBSW's int16), unsigned ones drop the
+    top bit (uint8: [0, 127])."""
+    qmin, qmax = _RANGE[dtype]
+    return (qmin // 2, -(qmin // 2)) if qmin < 0 else (0, qmax // 2)
 
 
 def _quantize_array(

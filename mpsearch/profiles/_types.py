@@ -82,9 +82,10 @@ class TensorFormat:
     ``axis`` overrides the op's natural output-channel axis for per-channel quantization.
     ``narrow_range`` drops the most negative code of a signed type ([-127, 127] for int8, as
     TensorRT and LiteRT weights use); ONNX Runtime's default is the full range [-128, 127].
-    ``reduce_range`` keeps one bit free (int8 weights in [-64, 63]): ONNX Runtime's advice for
+    ``reduce_range`` halves the range as ONNX Runtime's quantizer does (int8 weights in
+    [-64, 64], uint8 in [0, 127]; ``narrow_range`` then drops nothing): ONNX Runtime's advice for
     x86 CPUs without VNNI, whose VPMADDUBSW adds pairs of u8 x s8 products into a saturating
-    int16.
+    int16 (2 * 255 * 64 = 32640 fits).
     """
 
     dtype: str
@@ -121,13 +122,17 @@ class TensorFormat:
         self._require_int()
         if not self.is_signed:
             return 0
+        if self.reduce_range:
+            return -(1 << (self._bits - 1))
         return -(1 << (self._bits - 1)) + (1 if self.narrow_range else 0)
 
     @property
     def qmax(self) -> int:
         """Largest integer code (raises ProfileError for float dtypes)."""
         self._require_int()
-        return (1 << self._bits) - 1 if not self.is_signed else (1 << (self._bits - 1)) - 1
+        if not self.is_signed:
+            return (1 << self._bits) - 1
+        return (1 << (self._bits - 1)) - (0 if self.reduce_range else 1)
 
     @property
     def _bits(self) -> int:
