@@ -468,7 +468,7 @@ def _make_ddddocr_ocr(source: Path, cache: Path) -> Path:
     return target
 
 
-def _photo(width: int, height: int, rng: np.random.Generator) -> Image.Image:
+def _backdrop(width: int, height: int, rng: np.random.Generator) -> Image.Image:
     """A photo-like background: a blend of three colours, soft blobs, blur and noise."""
     y = np.linspace(0, 1, height)[:, None, None]
     x = np.linspace(0, 1, width)[None, :, None]
@@ -489,7 +489,7 @@ def click_captcha(rng: np.random.Generator) -> Image.Image:
     """A click-captcha-like 416 x 260 scene: 3-5 large rotated glyphs in random colours, each in
     its own cell of a 4 x 2 grid, on :func:`_photo`."""
     width, height = 416, 260
-    image = _photo(width, height, rng)
+    image = _backdrop(width, height, rng)
     for cell in rng.permutation(8)[:int(rng.integers(3, 6))]:
         glyph = _glyph(CAPTCHA[int(rng.integers(len(CAPTCHA)))], int(rng.integers(34, 52)),
                        float(rng.uniform(-35, 35)))
