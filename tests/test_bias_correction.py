@@ -129,6 +129,27 @@ def test_input_means_match_numpy() -> None:
     np.testing.assert_allclose(means.taps["gemm"], flat.mean(axis=0), rtol=1e-5, atol=1e-6)
 
 
+
+def test_input_means_of_a_fixed_batch_sequence_gemm_are_per_row() -> None:
+    """A recognizer written with batch 1 whose Gemm reads [steps x batch, features] (as
+    ddddocr's LSTM head does): the mean is over rows, not samples, and the model runs a
+    sample at a time however large the requested batch."""
+    rng = np.random.default_rng(2)
+    arrays = {"shape": np.array([-1, 3], np.int64),
+              "g.w": rng.normal(size=(2, 3)).astype(np.float32),
+              "g.b": rng.normal(size=2).astype(np.float32)}
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["rows"], name="rows"),
+             helper.make_node("Gemm", ["rows", "g.w", "g.b"], ["y"], name="gemm", transB=1)]
+    graph = helper.make_graph(
+        nodes, "seq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 2])],
+        initializer=[numpy_helper.from_array(v, k) for k, v in arrays.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.normal(loc=0.5, size=(6, 5, 3)).astype(np.float32)
+    means = input_means(load_model(model), Dataset(inputs={"x": x}, source="t"), batch_size=4)
+    assert means.samples == 6
+    np.testing.assert_allclose(means.taps["gemm"], x.reshape(-1, 3).mean(axis=0), rtol=1e-6)
+
 def test_corrected_biases_remove_the_mean_shift_of_the_quantized_weights() -> None:
     graph, data = load_model(conv_model()), _data()
     profile = load_profile("x86_ort_avx2")

@@ -111,12 +111,13 @@ def input_means(graph: ModelGraph, data: Dataset, *, batch_size: int = 16,
                 threads: int = 2) -> InputMeans:
     """One FP32 pass over ``data``: the :class:`InputMeans` of every correctable node."""
     targets = _targets(graph)
-    sums, count = reduce_activations(  # per batch: Conv [C, *spatial]; Gemm [K]
+    sums = reduce_activations(  # per batch: Conv [C, *spatial]; Gemm [K]
         graph, data, sorted(set(targets.values())), reduce=_batch_sum, combine=np.add,
         batch_size=batch_size, threads=threads, label=f"{graph.name} (bias correction means)")
     taps: dict[str, np.ndarray] = {}
     for node_name, tensor in targets.items():
-        node, mean = graph.nodes[node_name], sums[tensor] / max(count, 1)
+        node = graph.nodes[node_name]
+        mean = sums.summaries[tensor] / max(sums.rows[tensor], 1)
         if node.op_type == "Gemm":
             taps[node_name] = mean.reshape(-1)
             continue
@@ -124,8 +125,9 @@ def input_means(graph: ModelGraph, data: Dataset, *, batch_size: int = 16,
         found = conv_tap_means(mean, node, kernel)
         if found is not None:
             taps[node_name] = found
-    logger.info("bias correction: input means of %d nodes on %d samples", len(taps), count)
-    return InputMeans(model_fingerprint=graph.fingerprint, samples=count,
+    logger.info("bias correction: input means of %d nodes on %d samples", len(taps),
+                sums.samples)
+    return InputMeans(model_fingerprint=graph.fingerprint, samples=sums.samples,
                       taps=MappingProxyType(taps))
 
 

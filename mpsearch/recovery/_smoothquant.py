@@ -229,9 +229,10 @@ def channel_maxima(graph: ModelGraph, data: Dataset, *, batch_size: int = 16,
     maxima: dict[str, np.ndarray] = {}
     count = 0
     if tensors:
-        maxima, count = reduce_activations(
+        reduced = reduce_activations(
             graph, data, tensors, reduce=_channel_max, combine=np.maximum,
             batch_size=batch_size, threads=threads, label=f"{graph.name} (SmoothQuant maxima)")
+        maxima, count = reduced.summaries, reduced.samples
     logger.info("SmoothQuant: channel maxima of %d LayerNorm outputs on %d samples",
                 len(maxima), count)
     return ChannelMaxima(model_fingerprint=graph.fingerprint, samples=count,
