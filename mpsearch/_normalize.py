@@ -18,7 +18,13 @@ reference implementation; fusing a zero Pad into a Conv's own padding is exact a
     arithmetic, transposed or cast weights) are computed once and replaced by their results;
   * :func:`fuse_pads`: a zero ``Pad`` read only by Convs becomes the Convs' own ``pads`` (the
     "same" padding of TF and EfficientNet exports), so the Conv quantizes without a float Pad
-    between a DequantizeLinear and a QuantizeLinear.
+    between a DequantizeLinear and a QuantizeLinear;
+  * :func:`fold_batch_norms`: an inference ``BatchNormalization`` that alone reads a Conv's
+    output is folded into the Conv's weights and bias (Paddle exports keep them apart), as
+    ONNX Runtime does at inference and every quantizer's pre-processing does: the weights are
+    then quantized as they run, no Q/DQ pair sits between the Conv and its normalization, and
+    bias correction has a bias to correct. Exact up to float32 rounding of the folded weights
+    (computed in float64).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from mpsearch.errors import ModelError
 __all__ = [
     "constants_to_initializers",
     "drop_initializer_inputs",
+    "fold_batch_norms",
     "fold_constants",
     "fuse_pads",
     "name_nodes",
@@ -243,6 +250,78 @@ def fuse_pads(model: onnx.ModelProto, changes: list[str]) -> None:
     graph.initializer.extend(live)
     changes.append(f"fused {len(removed)} zero Pad nodes into the padding of the Convs reading "
                    "them")
+
+
+def fold_batch_norms(model: onnx.ModelProto, changes: list[str]) -> None:
+    """Fold each inference BatchNormalization into the Conv whose output only it reads:
+    ``W' = W * s`` per output channel and ``b' = (b - mean) * s + beta``, with
+    ``s = scale / sqrt(var + epsilon)``. A weight or bias another node also reads is copied."""
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    reads: dict[str, int] = {}
+    for node in _all_nodes(graph):
+        for name in node.input:
+            reads[name] = reads.get(name, 0) + 1
+    graph_outputs = {o.name for o in graph.output}
+    removed: set[int] = set()
+    gone: set[str] = set()
+    for bn in graph.node:
+        conv = producers.get(bn.input[0]) if bn.input else None
+        if conv is None or bn.input[0] in graph_outputs or reads.get(bn.input[0]) != 1:
+            continue
+        folded = _folded_conv(conv, bn, initializers)
+        if folded is None:
+            continue
+        for position, array, role in ((1, folded[0], "weight"), (2, folded[1], "bias")):
+            old = conv.input[position] if len(conv.input) > position else ""
+            name = old if old and reads.get(old) == 1 else f"{conv.name}__bn_{role}"
+            initializers[name] = numpy_helper.from_array(array, name)
+            if len(conv.input) <= position:
+                conv.input.append(name)
+            conv.input[position] = name
+        gone.add(conv.output[0])
+        conv.output[0] = bn.output[0]
+        removed.add(id(bn))
+    if not removed:
+        return
+    _replace_nodes(graph, [n for n in graph.node if id(n) not in removed])
+    shapes = [v for v in graph.value_info if v.name not in gone]
+    del graph.value_info[:]
+    graph.value_info.extend(shapes)
+    read = _names_read(graph)
+    del graph.initializer[:]
+    graph.initializer.extend(t for name, t in initializers.items() if name in read)
+    changes.append(f"folded {len(removed)} BatchNormalization nodes into the Convs before them")
+
+
+def _folded_conv(conv: onnx.NodeProto, bn: onnx.NodeProto,
+                 initializers: dict[str, onnx.TensorProto]
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The Conv's folded (weight, bias), or None when ``bn`` cannot be folded into it."""
+    standard = ("", "ai.onnx")
+    if (conv.op_type != "Conv" or conv.domain not in standard or bn.domain not in standard
+            or bn.op_type != "BatchNormalization" or len(bn.input) != 5
+            or any(bn.output[1:]) or len(conv.input) < 2):
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in bn.attribute}
+    if attrs.get("training_mode", 0) or not attrs.get("spatial", 1):
+        return None
+    tensors = [initializers.get(name) for name in (conv.input[1], *bn.input[1:])]
+    bias_name = conv.input[2] if len(conv.input) > 2 else ""
+    if bias_name:
+        tensors.append(initializers.get(bias_name))
+    if any(t is None or t.data_type != onnx.TensorProto.FLOAT for t in tensors):
+        return None
+    weight, scale, beta, mean, var, *bias = (
+        numpy_helper.to_array(t).astype(np.float64) for t in tensors)  # type: ignore[arg-type]
+    channels = weight.shape[0] if weight.ndim >= 3 else -1
+    if any(a.shape != (channels,) for a in (scale, beta, mean, var, *bias)):
+        return None
+    factor = scale / np.sqrt(var + float(attrs.get("epsilon", 1e-5)))
+    folded = weight * factor.reshape(-1, *(1,) * (weight.ndim - 1))
+    shift = (bias[0] if bias else 0.0) - mean
+    return folded.astype(np.float32), (shift * factor + beta).astype(np.float32)
 
 
 def _foldable(node: onnx.NodeProto, values: dict[str, onnx.TensorProto],

@@ -9,7 +9,8 @@ Normalizations (each reported in ``ModelGraph.changes``):
   * the rewrites of :mod:`mpsearch._normalize`: unique node names and topological order (after
     the opset converter, which adds unnamed nodes, and again after the last rewrite),
     ``Constant`` nodes as initializers, no initializers among the inputs, constant subgraphs
-    folded, zero ``Pad`` nodes fused into the Convs reading them;
+    folded, zero ``Pad`` nodes fused into the Convs reading them, inference
+    ``BatchNormalization`` folded into the Conv before it;
   * shapes are inferred; symbolic dimensions (a dynamic batch) stay symbolic; declared output
     shapes that contradict inference are dropped;
   * the result is checked with ``onnx.checker`` (a failure is logged as a warning).
@@ -215,6 +216,7 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> ModelGraph:
     _normalize.drop_initializer_inputs(model, changes)
     _normalize.fold_constants(model, changes)
     _normalize.fuse_pads(model, changes)
+    _normalize.fold_batch_norms(model, changes)
     _normalize.name_nodes(model, changes)
     _sort(model, label, changes)
     model = _infer_shapes(model, label, path, changes)

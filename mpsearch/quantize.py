@@ -37,6 +37,9 @@ __all__ = ["Quantizer", "build_qdq", "qparams"]
 logger = logging.getLogger(__name__)
 
 _NP = {"int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16}
+#: Short dtype codes in the names of stored and Q/DQ tensors.
+_CODE = {"int8": "i8", "uint8": "u8", "int16": "i16", "uint16": "u16", "int32": "i32",
+         "float16": "f16", "bfloat16": "bf16"}
 _RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535)}
 _MS_DOMAIN = "com.microsoft"
 
@@ -131,6 +134,10 @@ class Quantizer:
         self._constants: dict[tuple[str, ActivationSpec], _Stored] = {}
         self._ranges: dict[tuple[str, int, bool], tuple[float, float]] = {}
         self._ms_16bit = graph.opset < 21
+        #: Tensors whose name must survive a build: graph outputs and outer-scope names read
+        #: inside subgraphs (a clamping op's output is otherwise replaced by its input's DQ).
+        self._pinned = frozenset(o.name for o in graph.outputs) | _read_in_subgraphs(
+            graph.model.graph)
 
     # -- parameters -----------------------------------------------------------------------
     def activation_qparams(self, tensor: str, spec: ActivationSpec) -> tuple[float, int]:
@@ -174,7 +181,7 @@ class Quantizer:
             if axis is None:
                 scale, zero = scale.reshape(()), zero.reshape(())
             codes = _quantize_array(array, scale, zero, fmt.dtype, axis)
-            name = f"{weight}__{fmt.dtype}{'' if axis is None else f'c{axis}'}"
+            name = f"{weight}__{_CODE[fmt.dtype]}{'' if axis is None else f'c{axis}'}"
             if min_scale is not None:
                 name = f"{name}__{node.name}"
             stored = self._dequantized(name, codes, scale, zero, axis, fmt.dtype)
@@ -192,7 +199,7 @@ class Quantizer:
                                       symmetric=spec.symmetric, scale_form=spec.scale)
                 codes = _quantize_array(array, scale, zero, spec.dtype, None)
                 self._constants[key] = self._dequantized(
-                    f"{tensor}__{spec.dtype}k", codes, scale, zero, None, spec.dtype)
+                    f"{tensor}__{_CODE[spec.dtype]}k", codes, scale, zero, None, spec.dtype)
         return self._constants[key]
 
     def _weight_for_bias(self, node: Node, weight: str, fmt: TensorFormat, bias: str,
@@ -219,7 +226,10 @@ class Quantizer:
         scale = np.where(scale > 0, scale, np.float32(1.0))
         codes = np.clip(np.round(array / scale), -(2**31), 2**31 - 1).astype(np.int32)
         zero = np.zeros(array.shape, dtype=np.int32)
-        return self._dequantized(f"{bias}__{node.name}__int32", codes, scale, zero, 0, "int32")
+        # one reader (the usual case): the bias's name is enough; a shared bias gets one
+        # copy per node, each on its node's input x weight scale
+        owner = "" if len(self.graph.consumers(bias)) == 1 else f"__{node.name}"
+        return self._dequantized(f"{bias}{owner}__i32", codes, scale, zero, 0, "int32")
 
     def _dequantized(
         self, name: str, codes: np.ndarray, scale: np.ndarray, zero: np.ndarray,
@@ -256,6 +266,8 @@ class _Build:
         self.carries: dict[str, ActivationSpec] = {}  # tensor -> the spec its values are on
         self.qdq: dict[tuple[str, ActivationSpec], str] = {}
         self.emitted: set[str] = set()
+        self.aliases: dict[str, str] = {}  # a dropped clamping op's output -> its input's DQ
+        self.tags: dict[str, list[str]] = {}  # tensor -> the tags of its Q/DQ pairs so far
         self.uses_ms = False
 
     def model(self) -> onnx.ModelProto:
@@ -267,11 +279,40 @@ class _Build:
                 self.nodes.append(proto)
             else:
                 self._quantized(proto, plan)
+        self._resolve_aliases()
         used = {t for n in self.nodes for t in n.input}
         for init in graph.model.graph.initializer:
             if init.name in used and init.name not in self.inits:
                 self.inits[init.name] = init
         return self._assemble(used)
+
+    def _tag(self, tensor: str, spec: ActivationSpec) -> str:
+        """A short name part for ``tensor`` on ``spec`` (``u8``, ``i16s``, ``u8p2``), with a
+        counter when the tensor already has a pair of that kind on another range."""
+        base = _CODE[spec.dtype] + ("s" if spec.symmetric else "") + (
+            "p2" if spec.scale == "pow2" else "") + ("fx" if spec.fixed is not None else "")
+        taken = self.tags.setdefault(tensor, [])
+        tag = base if base not in taken else f"{base}_{sum(t.startswith(base) for t in taken)}"
+        taken.append(tag)
+        return tag
+
+    def _resolve_aliases(self) -> None:
+        """Point every reader of a dropped clamping op's output at the DQ before it (nodes of
+        the source graph are copied, not edited)."""
+        if not self.aliases:
+            return
+
+        def resolve(name: str) -> str:
+            while name in self.aliases:
+                name = self.aliases[name]
+            return name
+
+        for i, node in enumerate(self.nodes):
+            if any(t in self.aliases for t in node.input):
+                edited = onnx.NodeProto()
+                edited.CopyFrom(node)
+                edited.input[:] = [resolve(t) for t in node.input]
+                self.nodes[i] = edited
 
     def _emit_stored(self, stored: _Stored) -> str:
         if stored.node.name not in self.emitted:
@@ -289,7 +330,7 @@ class _Build:
         key = (tensor, spec)
         if key in self.qdq:
             return self.qdq[key]
-        tag = _tag(tensor, spec)
+        tag = self._tag(tensor, spec)
         out = tensor if source is not None else f"{tensor}__{tag}"
         src = source or tensor
         if spec.dtype.startswith("float"):
@@ -320,10 +361,13 @@ class _Build:
         replace: dict[str, str] = {}
         for tensor, spec in plan.inputs:
             replace[tensor] = self._qdq(tensor, spec)
-        if plan.clamped_by_q:  # the input's Q already clamps: the op becomes an Identity
+        if plan.clamped_by_q:  # the input's Q already clamps: readers take the DQ instead
             (tensor, spec), output = plan.inputs[0], proto.output[0]
-            self.nodes.append(helper.make_node("Identity", [replace[tensor]], [output],
-                                               name=f"{proto.name}__clamped_by_q"))
+            if output in self.q._pinned:
+                self.nodes.append(helper.make_node("Identity", [replace[tensor]], [output],
+                                                   name=f"{proto.name}__clamped_by_q"))
+            else:
+                self.aliases[output] = replace[tensor]
             self.carries[output] = spec
             return
         for tensor, spec in plan.constants:
@@ -365,13 +409,14 @@ class _Build:
         return model
 
 
-def _tag(tensor: str, spec: ActivationSpec) -> str:
-    tag = spec.dtype + ("s" if spec.symmetric else "a") + ("p2" if spec.scale == "pow2" else "")
-    if spec.range_of != tensor:
-        tag += f"_r_{spec.range_of}"
-    if spec.fixed is not None:
-        tag += "_fx"
-    return tag
+def _read_in_subgraphs(graph: onnx.GraphProto) -> frozenset[str]:
+    """Names read by the nodes of ``graph``'s subgraphs (If/Loop/Scan bodies), at any depth."""
+    names: set[str] = set()
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in (attr.g,) if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                names |= {t for n in sub.node for t in n.input} | _read_in_subgraphs(sub)
+    return frozenset(names)
 
 
 def build_qdq(

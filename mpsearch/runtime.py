@@ -70,6 +70,8 @@ class Session:
         if missing:
             raise DataError(f"{self.label}: no data for model input(s) {missing}; "
                             f"the data provides {sorted(feeds)}")
+        if not names:  # ONNX Runtime would read an empty list as "every output"
+            return {}
         feeds = {n: feeds[n] for n in self.input_names}
         count = len(next(iter(feeds.values()))) if feeds else 0
         k = self.fixed_batch

@@ -157,8 +157,8 @@ def test_corrected_biases_remove_the_mean_shift_of_the_quantized_weights() -> No
     means = input_means(graph, data)
     plain = Quantizer(graph, table, profile).build(uniform_assignment(graph, profile, "int8"))
     fixed = correct_biases(plain, graph, means)
-    for node, weight, bias in (("conv", "c.w__int8c0", "c.b__conv__int32"),
-                               ("gemm", "g.w__int8c0", "g.b__gemm__int32")):
+    for node, weight, bias in (("conv", "c.w__i8c0", "c.b__i32"),
+                               ("gemm", "g.w__i8c0", "g.b__i32")):
         codes = _initializer(plain, f"{weight}_q").astype(np.float64)
         scale = _initializer(plain, f"{weight}_scale").astype(np.float64)
         w_q = codes * scale.reshape(-1, *([1] * (codes.ndim - 1)))
@@ -171,8 +171,8 @@ def test_corrected_biases_remove_the_mean_shift_of_the_quantized_weights() -> No
         original = graph.initializers[node[0] + ".b"].astype(np.float64)
         np.testing.assert_array_equal(after, np.round((original - shift) / bias_scale))
         assert np.abs(after - before).max() >= 1  # the shift is visible on the int32 grid
-    untouched = {t.name for t in plain.graph.initializer} - {"c.b__conv__int32_q",
-                                                             "g.b__gemm__int32_q"}
+    untouched = {t.name for t in plain.graph.initializer} - {"c.b__i32_q",
+                                                             "g.b__i32_q"}
     for name in untouched:
         np.testing.assert_array_equal(_initializer(fixed, name), _initializer(plain, name))
 
@@ -186,17 +186,17 @@ def test_the_mean_conv_output_with_quantized_weights_matches_fp32() -> None:
     fixed = correct_biases(quantizer.build(uniform_assignment(graph, profile, "int8")), graph,
                            means)
     x = data.inputs["x"].astype(np.float64)
-    w_q = (_initializer(fixed, "c.w__int8c0_q").astype(np.float64)
-           * _initializer(fixed, "c.w__int8c0_scale").reshape(-1, 1, 1, 1))
-    bias_scale = _initializer(fixed, "c.b__conv__int32_scale").astype(np.float64)
-    b_fixed = _initializer(fixed, "c.b__conv__int32_q") * bias_scale
+    w_q = (_initializer(fixed, "c.w__i8c0_q").astype(np.float64)
+           * _initializer(fixed, "c.w__i8c0_scale").reshape(-1, 1, 1, 1))
+    bias_scale = _initializer(fixed, "c.b__i32_scale").astype(np.float64)
+    b_fixed = _initializer(fixed, "c.b__i32_q") * bias_scale
     ours = _numpy_conv(x, w_q, stride=2, pad=1, dilation=1, group=1).mean(axis=(0, 2, 3))
     fp32 = _numpy_conv(x, graph.initializers["c.w"].astype(np.float64), stride=2, pad=1,
                        dilation=1, group=1).mean(axis=(0, 2, 3))
     error = np.abs(ours + b_fixed - fp32 - graph.initializers["c.b"])
     assert np.all(error <= bias_scale / 2 + 1e-9), (error, bias_scale)
     uncorrected = _initializer(quantizer.build(uniform_assignment(graph, profile, "int8")),
-                               "c.b__conv__int32_q") * bias_scale
+                               "c.b__i32_q") * bias_scale
     assert np.abs(ours + uncorrected - fp32 - graph.initializers["c.b"]).max() > 10 * float(
         bias_scale.max())
 
@@ -229,3 +229,11 @@ def test_pipeline_prepares_corrected_builds_that_ort_runs(fixtures_dir: Path,
     onnx.checker.check_model(model)
     out = create_session(model).run(next(iter(prepared.validation.batches(8))))
     assert out[prepared.graph.outputs[0].name].shape == (8, 10)
+
+
+def test_input_means_of_a_model_with_nothing_to_correct_are_empty() -> None:
+    model = conv_model()
+    model.graph.node[0].input.pop()  # the Conv without a bias, the Gemm reading a Reshape
+    model.graph.node[3].input.pop()
+    means = input_means(load_model(model), _data(8))
+    assert means.samples == 8 and dict(means.taps) == {}

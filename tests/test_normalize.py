@@ -299,3 +299,71 @@ def test_constant_of_shape_bomb_is_refused_without_allocating() -> None:
         "ONNX graph 'bomb': node 'ConstantOfShape_1' (ConstantOfShape) would compute a 4.0 GiB "
         "tensor from 8 bytes of constants (limit 1 GiB); the file is malformed or hostile, "
         "re-export the model")
+
+
+def _conv_bn(*, group: int = 1, conv_bias: bool = True, shared_weight: bool = False,
+             conv_output_read: bool = False, training: bool = False) -> onnx.ModelProto:
+    """x[N,4,6,6] -> Conv(4->4, 3x3, groups) -> BatchNormalization -> y, with the variants the
+    folding must refuse or handle (another reader of the Conv output, a weight shared with a
+    second Conv, training mode)."""
+    rng = np.random.default_rng(3)
+    arrays = {"w": rng.normal(size=(4, 4 // group, 3, 3)),
+              "b": rng.normal(size=4),
+              "scale": rng.uniform(0.5, 2.0, 4), "beta": rng.normal(size=4),
+              "mean": rng.normal(size=4), "var": rng.uniform(0.1, 3.0, 4)}
+    conv_inputs = ["x", "w", "b"] if conv_bias else ["x", "w"]
+    nodes = [helper.make_node("Conv", conv_inputs, ["c"], name="conv", pads=[1] * 4,
+                              group=group),
+             helper.make_node("BatchNormalization", ["c", "scale", "beta", "mean", "var"],
+                              ["y", "running_mean", "running_var"] if training else ["y"],
+                              name="bn", epsilon=1e-3,
+                              **({"training_mode": 1} if training else {}))]
+    outputs = [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)]
+    if shared_weight:
+        nodes.append(helper.make_node("Conv", ["x", "w"], ["z"], name="other", pads=[1] * 4,
+                                      group=group))
+        outputs.append(helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, None))
+    if conv_output_read:
+        nodes.append(helper.make_node("Relu", ["c"], ["r"], name="relu"))
+        outputs.append(helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, None))
+    graph = helper.make_graph(
+        nodes, "conv_bn", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                         ["N", 4, 6, 6])], outputs,
+        initializer=[numpy_helper.from_array(v.astype(np.float32), k)
+                     for k, v in arrays.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+
+
+@pytest.mark.parametrize(("group", "conv_bias", "shared_weight"),
+                         [(1, True, False), (1, False, False), (4, True, False),
+                          (2, False, True)])
+def test_batch_norm_folds_into_the_conv_before_it(group: int, conv_bias: bool,
+                                                  shared_weight: bool) -> None:
+    model = _conv_bn(group=group, conv_bias=conv_bias, shared_weight=shared_weight)
+    graph = load_model(model)
+    assert "BatchNormalization" not in _op_types(graph.model)
+    assert any("folded 1 BatchNormalization" in c for c in graph.changes)
+    conv = graph.nodes["conv"]
+    assert conv.outputs == ("y",) and len(conv.inputs) == 3
+    # the folded weight is W * scale / sqrt(var + eps) per output channel, in float64
+    init = {t.name: numpy_helper.to_array(t).astype(np.float64)
+            for t in model.graph.initializer}
+    factor = init["scale"] / np.sqrt(init["var"] + 1e-3)
+    np.testing.assert_allclose(graph.initializers[conv.inputs[1]],
+                               init["w"] * factor[:, None, None, None], rtol=1e-6)
+    bias = init["b"] if conv_bias else 0.0
+    np.testing.assert_allclose(graph.initializers[conv.inputs[2]],
+                               (bias - init["mean"]) * factor + init["beta"], rtol=1e-6,
+                               atol=1e-7)
+    if shared_weight:  # the other Conv still reads the original weight
+        assert graph.nodes["other"].inputs[1] == "w" and conv.inputs[1] != "w"
+    x = np.random.default_rng(4).normal(size=(3, 4, 6, 6)).astype(np.float32)
+    _assert_same_outputs(model, graph.model, {"x": x})
+
+
+@pytest.mark.parametrize("variant", ["conv_output_read", "training"])
+def test_batch_norm_that_cannot_fold_stays(variant: str) -> None:
+    model = _conv_bn(**{variant: True})
+    graph = load_model(model)
+    assert "BatchNormalization" in _op_types(graph.model)
+    assert not any("BatchNormalization" in c for c in graph.changes)

@@ -257,4 +257,4 @@ def test_recovery_runs_through_search_and_export(tmp_path: Path) -> None:
     reference = {t.name: numpy_helper.to_array(t) for t in plain.graph.initializer}
     assert ours.keys() == reference.keys()
     differ = sorted(n for n in ours if not np.array_equal(ours[n], reference[n]))
-    assert differ and all(n.endswith("__int32_q") for n in differ)
+    assert differ and all(n.endswith("__i32_q") for n in differ)

@@ -423,3 +423,40 @@ def test_forbidden_format_is_a_clear_error(tables: dict[str, tuple[ModelGraph, o
         make_assignment(graph, profile, {reshape.name: "int8"})
     with pytest.raises(MpsearchError, match="no format 'int4'"):
         uniform_assignment(graph, profile, "int4")
+
+
+def _gemm_relu_gemm(relu_is_output: bool) -> ModelGraph:
+    rng = np.random.default_rng(5)
+    arrays = {"W1": rng.standard_normal((4, 8)), "B1": rng.standard_normal(4),
+              "W2": rng.standard_normal((3, 4)), "B2": rng.standard_normal(3)}
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])]
+    if relu_is_output:
+        outputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, ["N", 4]))
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "W1", "B1"], ["g"], transB=1, name="gemm1"),
+         helper.make_node("Relu", ["g"], ["r"], name="relu"),
+         helper.make_node("Gemm", ["r", "W2", "B2"], ["y"], transB=1, name="gemm2")],
+        "gemm_relu_gemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        outputs, [numpy_helper.from_array(v.astype(np.float32), k) for k, v in arrays.items()])
+    return load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_a_clamping_relu_leaves_no_node_behind() -> None:
+    """A Relu whose input's Q already clamps at zero is dropped: the next Gemm reads the DQ
+    directly (no Identity in the file). Kept as an Identity only when its output is a graph
+    output; both builds compute the same y."""
+    x = np.random.default_rng(6).standard_normal((32, 8)).astype(np.float32)
+    profile = load_profile("x86_ort")
+    built, outputs = {}, {}
+    for pinned in (False, True):
+        graph = _gemm_relu_gemm(pinned)
+        table = calibrate(graph, Dataset(inputs={"x": x}, source="random"))
+        model = build_qdq(graph, table, profile, uniform_assignment(graph, profile, "int8"))
+        built[pinned] = [n.op_type for n in model.graph.node]
+        outputs[pinned] = create_session(model, optimize=False).run({"x": x})["y"]
+        gemm2 = next(n for n in model.graph.node if n.name == "gemm2")
+        producer = {o: n for n in model.graph.node for o in n.output}[gemm2.input[0]]
+        assert producer.op_type == ("Identity" if pinned else "DequantizeLinear")
+    assert "Relu" not in built[False] and "Identity" not in built[False]
+    assert built[True].count("Identity") == 1
+    np.testing.assert_array_equal(outputs[False], outputs[True])

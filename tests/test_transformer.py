@@ -175,7 +175,7 @@ def test_int16_keeps_the_table_in_int8_and_runs(bert: tuple[Path, ModelGraph, np
     assert int16["embed"] == "int16"
     model = mpsearch.build_qdq(graph, table, profile, int16)
     stored = {t.name: t.data_type for t in model.graph.initializer}
-    assert stored["word_embeddings__int8c0_q"] == TensorProto.INT8
+    assert stored["word_embeddings__i8c0_q"] == TensorProto.INT8
     feeds = {"input_ids": ids[128:]}
     reference = create_session(path).run(feeds)["logits"]
     output = create_session(model).run(feeds)["logits"]
