@@ -132,6 +132,7 @@ class Quantizer:
         self.method = method
         self._weights: dict[tuple[object, ...], _Stored] = {}
         self._constants: dict[tuple[str, ActivationSpec], _Stored] = {}
+        self._weight_names: set[str] = set()
         self._ranges: dict[tuple[str, int, bool], tuple[float, float]] = {}
         self._ms_16bit = graph.opset < 21
         #: Tensors whose name must survive a build: graph outputs and outer-scope names read
@@ -184,9 +185,19 @@ class Quantizer:
             name = f"{weight}__{_CODE[fmt.dtype]}{'' if axis is None else f'c{axis}'}"
             if min_scale is not None:
                 name = f"{name}__{node.name}"
-            stored = self._dequantized(name, codes, scale, zero, axis, fmt.dtype)
+            stored = self._dequantized(self._unique(name), codes, scale, zero, axis, fmt.dtype)
         self._weights[key] = stored
         return stored
+
+    def _unique(self, name: str) -> str:
+        """``name``, or ``name_2``, ``name_3``... when another stored tensor has it (two formats
+        with the same weight dtype and axis but other grid settings)."""
+        unique, n = name, 1
+        while unique in self._weight_names:
+            n += 1
+            unique = f"{name}_{n}"
+        self._weight_names.add(unique)
+        return unique
 
     def _constant(self, tensor: str, spec: ActivationSpec) -> _Stored:
         key = (tensor, spec)

@@ -460,3 +460,23 @@ def test_a_clamping_relu_leaves_no_node_behind() -> None:
     assert "Relu" not in built[False] and "Identity" not in built[False]
     assert built[True].count("Identity") == 1
     np.testing.assert_array_equal(outputs[False], outputs[True])
+
+
+def test_one_weight_on_two_grids_of_the_same_dtype_gets_two_names() -> None:
+    """Two weight formats with the same dtype and axis but other grid settings (symmetric or
+    not) store two different tensors: each gets its own names, neither overwrites the other."""
+    import dataclasses
+
+    graph = _gemm_relu()
+    x = np.random.default_rng(1).standard_normal((16, 8)).astype(np.float32)
+    table = calibrate(graph, Dataset(inputs={"x": x}, source="random"))
+    quantizer = Quantizer(graph, table, load_profile("x86_ort"))
+    symmetric = load_profile("x86_ort").format("int8").weight
+    asymmetric = dataclasses.replace(symmetric, symmetric=False)
+    node = graph.nodes["gemm"]
+    first = quantizer._weight(node, "W", symmetric)
+    second = quantizer._weight(node, "W", asymmetric)
+    names = [{t.name for t in s.initializers} for s in (first, second)]
+    assert first.output != second.output and not names[0] & names[1]
+    zeros = [numpy_helper.to_array(s.initializers[2]) for s in (first, second)]
+    assert not zeros[0].any() and zeros[1].any()  # the asymmetric grid has its own zero points
