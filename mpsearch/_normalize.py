@@ -20,7 +20,8 @@ reference implementation; fusing a zero Pad into a Conv's own padding is exact a
     "same" padding of TF and EfficientNet exports), so the Conv quantizes without a float Pad
     between a DequantizeLinear and a QuantizeLinear;
   * :func:`fold_batch_norms`: an inference ``BatchNormalization`` that alone reads a Conv's
-    output is folded into the Conv's weights and bias (Paddle exports keep them apart), as
+    (or a plain Gemm's) output is folded into its weights and bias (Paddle exports keep them
+    apart after Convs, PyTorch after Linear layers: BatchNorm1d), as
     ONNX Runtime does at inference and every quantizer's pre-processing does: the weights are
     then quantized as they run, no Q/DQ pair sits between the Conv and its normalization, and
     bias correction has a bias to correct. Exact up to float32 rounding of the folded weights
@@ -253,7 +254,7 @@ def fuse_pads(model: onnx.ModelProto, changes: list[str]) -> None:
 
 
 def fold_batch_norms(model: onnx.ModelProto, changes: list[str]) -> None:
-    """Fold each inference BatchNormalization into the Conv whose output only it reads:
+    """Fold each inference BatchNormalization into the Conv or Gemm whose output only it reads:
     ``W' = W * s`` per output channel and ``b' = (b - mean) * s + beta``, with
     ``s = scale / sqrt(var + epsilon)``. A weight or bias another node also reads is copied."""
     graph = model.graph
@@ -292,20 +293,28 @@ def fold_batch_norms(model: onnx.ModelProto, changes: list[str]) -> None:
     read = _names_read(graph)
     del graph.initializer[:]
     graph.initializer.extend(t for name, t in initializers.items() if name in read)
-    changes.append(f"folded {len(removed)} BatchNormalization nodes into the Convs before them")
+    changes.append(f"folded {len(removed)} BatchNormalization nodes into the Convs/Gemms "
+                   "before them")
 
 
 def _folded_conv(conv: onnx.NodeProto, bn: onnx.NodeProto,
                  initializers: dict[str, onnx.TensorProto]
                  ) -> tuple[np.ndarray, np.ndarray] | None:
-    """The Conv's folded (weight, bias), or None when ``bn`` cannot be folded into it."""
+    """The Conv's (or Gemm's) folded (weight, bias), or None when ``bn`` cannot be folded
+    into it. A Gemm folds when it computes ``A B' + C`` plainly (alpha = beta = 1, A not
+    transposed): its output channels are B's rows (``transB``) or columns."""
     standard = ("", "ai.onnx")
-    if (conv.op_type != "Conv" or conv.domain not in standard or bn.domain not in standard
-            or bn.op_type != "BatchNormalization" or len(bn.input) != 5
-            or any(bn.output[1:]) or len(conv.input) < 2):
+    if (conv.op_type not in ("Conv", "Gemm") or conv.domain not in standard
+            or bn.domain not in standard or bn.op_type != "BatchNormalization"
+            or len(bn.input) != 5 or any(bn.output[1:]) or len(conv.input) < 2):
         return None
     attrs = {a.name: helper.get_attribute_value(a) for a in bn.attribute}
     if attrs.get("training_mode", 0) or not attrs.get("spatial", 1):
+        return None
+    layer = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+    gemm = conv.op_type == "Gemm"
+    if gemm and (layer.get("transA", 0) or layer.get("alpha", 1.0) != 1.0
+                 or layer.get("beta", 1.0) != 1.0):
         return None
     tensors = [initializers.get(name) for name in (conv.input[1], *bn.input[1:])]
     bias_name = conv.input[2] if len(conv.input) > 2 else ""
@@ -315,11 +324,16 @@ def _folded_conv(conv: onnx.NodeProto, bn: onnx.NodeProto,
         return None
     weight, scale, beta, mean, var, *bias = (
         numpy_helper.to_array(t).astype(np.float64) for t in tensors)  # type: ignore[arg-type]
-    channels = weight.shape[0] if weight.ndim >= 3 else -1
+    axis = 1 if gemm and not layer.get("transB", 0) else 0  # the output-channel axis
+    if weight.ndim != 2 if gemm else weight.ndim < 3:
+        return None
+    channels = weight.shape[axis]
     if any(a.shape != (channels,) for a in (scale, beta, mean, var, *bias)):
         return None
     factor = scale / np.sqrt(var + float(attrs.get("epsilon", 1e-5)))
-    folded = weight * factor.reshape(-1, *(1,) * (weight.ndim - 1))
+    shape = [1] * weight.ndim
+    shape[axis] = channels
+    folded = weight * factor.reshape(shape)
     shift = (bias[0] if bias else 0.0) - mean
     return folded.astype(np.float32), (shift * factor + beta).astype(np.float32)
 

@@ -10,7 +10,7 @@ Normalizations (each reported in ``ModelGraph.changes``):
     the opset converter, which adds unnamed nodes, and again after the last rewrite),
     ``Constant`` nodes as initializers, no initializers among the inputs, constant subgraphs
     folded, zero ``Pad`` nodes fused into the Convs reading them, inference
-    ``BatchNormalization`` folded into the Conv before it;
+    ``BatchNormalization`` folded into the Conv or Gemm before it;
   * shapes are inferred; symbolic dimensions (a dynamic batch) stay symbolic; declared output
     shapes that contradict inference are dropped;
   * the result is checked with ``onnx.checker`` (a failure is logged as a warning).

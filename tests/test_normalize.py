@@ -367,3 +367,32 @@ def test_batch_norm_that_cannot_fold_stays(variant: str) -> None:
     graph = load_model(model)
     assert "BatchNormalization" in _op_types(graph.model)
     assert not any("BatchNormalization" in c for c in graph.changes)
+
+
+@pytest.mark.parametrize(("trans_b", "bias"), [(1, True), (0, True), (1, False)])
+def test_batch_norm_after_a_linear_layer_folds_into_the_gemm(trans_b: int, bias: bool) -> None:
+    """PyTorch's Linear -> BatchNorm1d: the Gemm's output channels are B's rows (transB) or
+    columns; a Gemm with alpha or beta != 1 is left alone."""
+    rng = np.random.default_rng(7)
+    w = rng.normal(size=(5, 3) if trans_b else (3, 5))
+    arrays = {"w": w, "c": rng.normal(size=5), "scale": rng.uniform(0.5, 2, 5),
+              "beta": rng.normal(size=5), "mean": rng.normal(size=5),
+              "var": rng.uniform(0.1, 3, 5)}
+    gemm_inputs = ["x", "w", "c"] if bias else ["x", "w"]
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", gemm_inputs, ["g"], name="fc", transB=trans_b),
+         helper.make_node("BatchNormalization", ["g", "scale", "beta", "mean", "var"], ["y"],
+                          name="bn")],
+        "fc_bn", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 5])],
+        initializer=[numpy_helper.from_array(v.astype(np.float32), k)
+                     for k, v in arrays.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    folded = load_model(model)
+    assert _op_types(folded.model) == ["Gemm"]
+    x = np.random.default_rng(8).normal(size=(6, 3)).astype(np.float32)
+    _assert_same_outputs(model, folded.model, {"x": x})
+    scaled = onnx.ModelProto()
+    scaled.CopyFrom(model)
+    scaled.graph.node[0].attribute.append(helper.make_attribute("alpha", 0.5))
+    assert "BatchNormalization" in _op_types(load_model(scaled).model)
