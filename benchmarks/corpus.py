@@ -795,46 +795,30 @@ def by_key(key: str) -> CorpusModel:
     return next(m for m in CORPUS if m.key == key)
 
 
-def cosine_099_share(outputs: np.ndarray, reference: np.ndarray,
-                     labels: np.ndarray | None) -> float:
-    """:func:`cosine_099` as a share of the samples: a search metric (``corpus:
-    cosine_099_share`` with ``benchmarks/`` on ``PYTHONPATH``)."""
-    return cosine_099(outputs, reference, labels) / len(outputs)
+def _share(count: Metric) -> Callable[[np.ndarray, np.ndarray, np.ndarray | None], float]:
+    """``count`` (samples that pass) as a share of the samples: the search metric
+    ``corpus:<count>_share`` (with ``benchmarks/`` on ``PYTHONPATH``)."""
+    def share(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> float:
+        return count(outputs, reference, labels) / len(outputs)
+
+    share.__name__ = share.__qualname__ = f"{count.__name__}_share"
+    share.__doc__ = f":func:`{count.__name__}` as a share of the samples."
+    return share
 
 
-def ctc_strings_share(outputs: np.ndarray, reference: np.ndarray,
-                      labels: np.ndarray | None) -> float:
-    """:func:`ctc_strings` as a share of the samples (``corpus:ctc_strings_share``)."""
-    return ctc_strings(outputs, reference, labels) / len(outputs)
-
-
-def nsfw_001_share(outputs: np.ndarray, reference: np.ndarray,
-                   labels: np.ndarray | None) -> float:
-    """:func:`nsfw_001` as a share of the samples (``corpus:nsfw_001_share``)."""
-    return nsfw_001(outputs, reference, labels) / len(outputs)
-
-
-def yolox_detections_share(outputs: np.ndarray, reference: np.ndarray,
-                           labels: np.ndarray | None) -> float:
-    """:func:`yolox_detections` as a share of the samples (``corpus:yolox_detections_share``)."""
-    return yolox_detections(outputs, reference, labels) / len(outputs)
-
-
-def confident_classes_share(outputs: np.ndarray, reference: np.ndarray,
-                            labels: np.ndarray | None) -> float:
-    """:func:`confident_classes` as a share of the samples
-    (``corpus:confident_classes_share``)."""
-    return confident_classes(outputs, reference, labels) / len(outputs)
+cosine_099_share = _share(cosine_099)
+ctc_strings_share = _share(ctc_strings)
+nsfw_001_share = _share(nsfw_001)
+yolox_detections_share = _share(yolox_detections)
+confident_classes_share = _share(confident_classes)
 
 
 #: Corpus metrics a search spec names by their share form (``corpus:<name>``, with benchmarks/
 #: on PYTHONPATH): a CTC string, detections, an NSFW probability or embeddings are not the
 #: top-1 of the flattened output that the built-in ``agreement`` compares.
 SEARCH_METRICS: dict[Metric, str] = {
-    cosine_099: "cosine_099_share", ctc_strings: "ctc_strings_share",
-    nsfw_001: "nsfw_001_share", yolox_detections: "yolox_detections_share",
-    confident_classes: "confident_classes_share",
-}
+    m: f"{m.__name__}_share"
+    for m in (cosine_099, ctc_strings, nsfw_001, yolox_detections, confident_classes)}
 
 
 def model_files(path: Path) -> list[Path]:
