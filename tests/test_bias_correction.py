@@ -129,7 +129,6 @@ def test_input_means_match_numpy() -> None:
     np.testing.assert_allclose(means.taps["gemm"], flat.mean(axis=0), rtol=1e-5, atol=1e-6)
 
 
-
 def test_input_means_of_a_fixed_batch_sequence_gemm_are_per_row() -> None:
     """A recognizer written with batch 1 whose Gemm reads [steps x batch, features] (as
     ddddocr's LSTM head does): the mean is over rows, not samples, and the model runs a
@@ -149,6 +148,7 @@ def test_input_means_of_a_fixed_batch_sequence_gemm_are_per_row() -> None:
     means = input_means(load_model(model), Dataset(inputs={"x": x}, source="t"), batch_size=4)
     assert means.samples == 6
     np.testing.assert_allclose(means.taps["gemm"], x.reshape(-1, 3).mean(axis=0), rtol=1e-6)
+
 
 def test_corrected_biases_remove_the_mean_shift_of_the_quantized_weights() -> None:
     graph, data = load_model(conv_model()), _data()
