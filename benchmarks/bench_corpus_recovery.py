@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 
 import corpus  # noqa: E402
-from corpus_check import _run  # noqa: E402
+from corpus_check import _run, split_samples  # noqa: E402
 from ort_baseline import ort_int8  # noqa: E402
 
 import mpsearch  # noqa: E402
@@ -49,10 +49,8 @@ def median_sqnr(output: np.ndarray, reference: np.ndarray) -> float:
 def run(model: corpus.CorpusModel, work: Path) -> dict[str, tuple[int, float]]:
     """{variant: (metric, median SQNR dB)} of one corpus model, ORT's under ``ort``."""
     graph = mpsearch.load_model(model.path(work))
-    inputs, labels = model.build(model.calibration + model.evaluation, 0)
-    calibration = Dataset(inputs={k: v[:model.calibration] for k, v in inputs.items()})
-    held = {k: v[model.calibration:] for k, v in inputs.items()}
-    held_labels = None if labels is None else labels[model.calibration:]
+    calibration_inputs, held, held_labels = split_samples(model)
+    calibration = Dataset(inputs=calibration_inputs)
     profile = mpsearch.load_profile("x86_ort_auto")
     float_path = work / f"{model.key}.fp32.onnx"
     onnx.save(graph.model, float_path)

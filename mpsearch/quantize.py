@@ -303,7 +303,7 @@ class _Build:
         base = _CODE[spec.dtype] + ("s" if spec.symmetric else "") + (
             "p2" if spec.scale == "pow2" else "") + ("fx" if spec.fixed is not None else "")
         taken = self.tags.setdefault(tensor, [])
-        tag = base if base not in taken else f"{base}_{sum(t.startswith(base) for t in taken)}"
+        tag = base if base not in taken else f"{base}_{len(taken)}"  # len only grows: unique
         taken.append(tag)
         return tag
 

@@ -50,6 +50,16 @@ def _file_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in model_files(path))
 
 
+def split_samples(model: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray],
+                                       np.ndarray | None]:
+    """A corpus model's inputs by construction (seed 0): (calibration inputs, held-out inputs,
+    held-out labels or None)."""
+    inputs, labels = model.build(model.calibration + model.evaluation, 0)
+    calibration = {k: v[:model.calibration] for k, v in inputs.items()}
+    held = {k: v[model.calibration:] for k, v in inputs.items()}
+    return calibration, held, None if labels is None else labels[model.calibration:]
+
+
 def check_model(model: Any, work: Path, cache: Path | None = None) -> CorpusResult:
     """Summarize, build uniform INT8 and INT16 (x86_ort_auto), build ORT's INT8 from the same
     normalized float model and calibration samples, and score all on held-out samples.
@@ -58,10 +68,7 @@ def check_model(model: Any, work: Path, cache: Path | None = None) -> CorpusResu
     source = model.path() if cache is None else model.path(cache)
     graph = mpsearch.load_model(source)
     summary = mpsearch.summarize(graph)
-    inputs, labels = model.build(model.calibration + model.evaluation, 0)
-    calibration = {k: v[:model.calibration] for k, v in inputs.items()}
-    held = {k: v[model.calibration:] for k, v in inputs.items()}
-    held_labels = None if labels is None else labels[model.calibration:]
+    calibration, held, held_labels = split_samples(model)
     profile = mpsearch.load_profile("x86_ort_auto")
     table = mpsearch.calibrate(graph, Dataset(inputs=calibration))
     float_path = work / f"{model.key}.fp32.onnx"
