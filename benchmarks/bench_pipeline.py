@@ -25,9 +25,9 @@ uniform INT8 size (issue 16), and each front point's measured latency (median OR
 batch 1 and 64, where this host runs the profile's target) beside the profile's estimate.
 ``--recovery`` also runs each search with ``recovery: {cle: true, bias_correction: true}``.
 ``--reference`` also runs the same search with every shortcut off (sensitivity and group costs
-on the whole search split, no first-chunk pruning) and compares the two held-out fronts'
-hypervolumes (agreement up, size down; box: the lowest agreement of either front and baselines,
-FP32's size).
+on the whole search split, no first-chunk pruning, no patience stop: all the trials) and
+compares the two held-out fronts' hypervolumes (agreement up, size down; box: the lowest
+agreement of either front and baselines, FP32's size).
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ class Row:
     wall: float
     rows: int  # (node, format) rows of the analysis
     phases: dict[str, float]
+    trials: int  # finished (complete or pruned): fewer than asked when the patience stop ended it
     evaluations: int
     configs: int
     fp32: float
@@ -122,7 +123,7 @@ class Row:
                 f"{self.passes(calibrate)} | "
                 f"{self.passes(analysis)} | {self.passes(ph.get('group costs', 0.0))} | "
                 f"{self.passes(ph.get('search', 0.0))} | "
-                f"{self.passes(ph.get('held-out', 0.0))} | "
+                f"{self.passes(ph.get('held-out', 0.0))} | {self.trials} | "
                 f"{self.evaluations} | {self.configs} | {self.fp32:.3f} / {self.int8:.3f} | "
                 + " / ".join(f"{self.best[k]:.3f}" for k in SIZE_LIMITS)
                 + f" | {self.points} |")
@@ -176,7 +177,7 @@ def bench(name: str, spec: SearchSpec, samples: int, slow: bool = False,
     model, data = Path(spec.model), Path(spec.data)
     before = fp32_pass(model, data, samples)
     if slow:
-        spec = dataclasses.replace(spec, sensitivity_limit=None, chunks=1)
+        spec = dataclasses.replace(spec, sensitivity_limit=None, chunks=1, patience=None)
     if recovery:
         spec = dataclasses.replace(spec, cle=True, bias_correction=True)
     clock = PhaseClock()
@@ -195,6 +196,7 @@ def bench(name: str, spec: SearchSpec, samples: int, slow: bool = False,
     return Row(model=label, unit=unit, cpu_unit=cpu_unit, cpu=cpu,
                wall=end - start, rows=len(run.analysis.sensitivity) if run.analysis else 0,
                phases=clock.phases(start, end), evaluations=run.result.evaluations,
+               trials=sum(r.state in ("complete", "pruned") for r in run.result.trials),
                configs=len(run.measured), fp32=front.fp32.metric, int8=int8.metric,
                best=best, points=len(front.points), front=front)
 
@@ -225,10 +227,11 @@ def table(rows: Sequence[Row], command: str) -> str:
              "a raced trial counts once per stage it reached).", "",
              "| model | (node, format) rows | wall s | FP32 pass s | passes | passes (CPU time) | "
              "calibrate | "
-             "analysis | group costs | trials | held-out | trials evaluated | configs | "
+             "analysis | group costs | trials | held-out | trials run | trials evaluated | "
+             "configs | "
              "FP32 / INT8 (metric) | best at <= 1.00x / 1.15x / 1.25x INT8 size | "
              "front points |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [r.line() for r in rows]
     lines += ["", "Front points and baselines (held-out agreement with its 95 % Wilson "
               "interval; latency: median ORT runs on this machine relative to FP32's, the "
@@ -288,7 +291,8 @@ def main() -> None:
             timing = rows[-1].front.timing
             notes.append(f"- {name}: peak RSS {rss:.0f} MB (the process's, after this model); "
                          "the trials' time: " + ", ".join(
-                             f"{k} {v:.0f} s" for k, v in timing.items()))
+                             f"{k} {v:.0f} s" for k, v in timing.items())
+                         + (f"; {rows[-1].front.stopped}" if rows[-1].front.stopped else ""))
             if args.reference:
                 rows.append(bench(name, spec, samples, slow=True))
                 notes.append(compare(rows[-2], rows[-1]))

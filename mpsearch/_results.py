@@ -113,7 +113,8 @@ def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult
                  higher_is_better=searched_by.higher_is_better, objectives=spec.objectives,
                  fp32=fp32, uniform=uniform, points=tuple(points),
                  evaluations=result.evaluations, seconds=result.seconds, timing=result.timing,
-                 latency_source=clock.source, latency_batch=clock.batch if clock.timed else None)
+                 latency_source=clock.source, latency_batch=clock.batch if clock.timed else None,
+                 stopped=result.stopped)
 
 
 class _Latencies(TypedDict, total=False):

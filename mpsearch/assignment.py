@@ -262,12 +262,42 @@ def weight_channels(
     return int(array.shape[axis]), axis
 
 
+#: Ops whose float weight ONNX Runtime quantizes to per-tensor int8 when their first input comes
+#: from a DequantizeLinear with one scale (its ``WeightBiasQuantization`` optimization, at the
+#: basic level, so in every session with optimizations on).
+WEIGHT_QUANTIZED_AFTER_DQ = frozenset({"Conv", "ConvTranspose", "Gemm"})
+#: Ops ONNX Runtime moves a per-tensor DequantizeLinear across (QDQ propagation): their output
+#: carries their first input's values on the same grid.
+GRID_PRESERVING = frozenset({"MaxPool", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice"})
+
+
+def float_weight_channels(graph: ModelGraph, node: Node) -> tuple[int, int] | None:
+    """(axis, size) of the first input's channel axis of a float Conv, ConvTranspose or Gemm
+    with a float initializer weight: where such a node reads a quantized tensor (directly or
+    through :data:`GRID_PRESERVING` ops), the QDQ model gives it a DequantizeLinear with the
+    scale repeated along that axis, so ONNX Runtime leaves its weight float (see
+    :data:`WEIGHT_QUANTIZED_AFTER_DQ`). None for any other node."""
+    if (node.op_type not in WEIGHT_QUANTIZED_AFTER_DQ or node.domain not in ("", "ai.onnx")
+            or len(node.inputs) < 2):
+        return None
+    weight = graph.initializers.get(node.inputs[1])
+    if weight is None or weight.dtype != np.float32 or weight.ndim < 2:
+        return None
+    attrs = node.attributes
+    if node.op_type == "Conv":
+        return 1, int(weight.shape[1]) * int(attrs.get("group", 1))
+    if node.op_type == "ConvTranspose":
+        return 1, int(weight.shape[0])
+    k = int(weight.shape[1] if attrs.get("transB", 0) else weight.shape[0])
+    return (0 if attrs.get("transA", 0) else 1), k
+
+
 def model_size(graph: ModelGraph, profile: HardwareProfile, assignment: Mapping[str, str]) -> int:
     """Bytes of the initializers of the QDQ model ``assignment`` builds (without building it)."""
     plans = plan_nodes(graph, profile, assignment)
     planned = {p.node.name: p for p in plans}
     stored: dict[object, int] = {}
-    carried: dict[str, ActivationSpec] = {}
+    carried: dict[str, ActivationSpec] = {}  # tensor -> the grid every reader sees it on
     float_used: set[str] = set()
     for node in graph.nodes.values():
         plan = planned.get(node.name)
@@ -288,10 +318,18 @@ def model_size(graph: ModelGraph, profile: HardwareProfile, assignment: Mapping[
                     stored[(tensor, spec)] = 0 if _float(spec) else 4 + _BYTES[spec.dtype]
             if plan.clamped_by_q:
                 carried[node.outputs[0]] = plan.inputs[0][1]
+            carried.update(plan.outputs)
             replaced = {w for w, _ in plan.weights} | {t for t, _ in plan.constants}
             replaced |= {plan.bias} if plan.bias else set()
             if plan.clamped_by_q:  # an Identity replaces it: its Clip bounds are not stored
                 replaced |= set(node.inputs[1:])
+        elif (per_axis := float_weight_channels(graph, node)) is not None:
+            read = carried.get(node.inputs[0])
+            if read is not None and not _float(read):  # its own per-axis DequantizeLinear
+                stored[(node.inputs[0], read, per_axis[0])] = per_axis[1] * (
+                    4 + _BYTES[read.dtype])
+        elif node.op_type in GRID_PRESERVING and node.inputs and node.inputs[0] in carried:
+            carried[node.outputs[0]] = carried[node.inputs[0]]
         float_used.update(t for t in node.inputs if t in graph.initializers and t not in replaced)
     floats = sum(int(graph.initializers[t].nbytes) for t in float_used)
     return floats + sum(stored.values())

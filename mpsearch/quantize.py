@@ -25,7 +25,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from mpsearch.assignment import ActivationSpec, NodePlan, plan_nodes, weight_channels
+from mpsearch.assignment import (
+    GRID_PRESERVING,
+    ActivationSpec,
+    NodePlan,
+    float_weight_channels,
+    plan_nodes,
+    weight_channels,
+)
 from mpsearch.graph import ModelGraph, Node
 from mpsearch.profiles import HardwareProfile, TensorFormat
 
@@ -291,6 +298,7 @@ class _Build:
             else:
                 self._quantized(proto, plan)
         self._resolve_aliases()
+        self._float_weights_read_per_axis()
         used = {t for n in self.nodes for t in n.input}
         for init in graph.model.graph.initializer:
             if init.name in used and init.name not in self.inits:
@@ -324,6 +332,69 @@ class _Build:
                 edited.CopyFrom(node)
                 edited.input[:] = [resolve(t) for t in node.input]
                 self.nodes[i] = edited
+
+    def _float_weights_read_per_axis(self) -> None:
+        """A float Conv, ConvTranspose or Gemm that reads a quantized tensor, directly or
+        through ops ONNX Runtime moves DequantizeLinear across, reads it through its own
+        DequantizeLinear with the scale and zero point repeated along the channel axis (the
+        same values; a Q/DQ pair of them where data movement comes between, exact as the values
+        are on that grid): ONNX Runtime would otherwise quantize its float weight to per-tensor
+        int8 (:data:`~mpsearch.assignment.WEIGHT_QUANTIZED_AFTER_DQ`)."""
+        graph = self.q.graph
+        producers = {o: n for n in self.nodes for o in n.output}
+        made: dict[tuple[str, int], str] = {}
+        out: list[onnx.NodeProto] = []
+        for proto in self.nodes:
+            node = graph.nodes.get(proto.name)
+            channels = None if node is None or node.name in self.plans else (
+                float_weight_channels(graph, node))
+            dq = None if channels is None else self._grid_source(proto.input[0], producers)
+            if channels is None or dq is None:
+                out.append(proto)
+                continue
+            axis, size = channels
+            key = (proto.input[0], axis)
+            if key not in made:
+                made[key] = self._per_axis(proto.input[0], dq, producers, axis, size, out)
+            edited = onnx.NodeProto()
+            edited.CopyFrom(proto)
+            edited.input[0] = made[key]
+            out.append(edited)
+        self.nodes = out
+
+    def _grid_source(self, tensor: str, producers: Mapping[str, onnx.NodeProto]
+                     ) -> onnx.NodeProto | None:
+        """The per-tensor DequantizeLinear whose values ``tensor`` is (itself, or through
+        :data:`~mpsearch.assignment.GRID_PRESERVING` ops), else None."""
+        node = producers.get(tensor)
+        while node is not None and node.op_type in GRID_PRESERVING and node.domain == "":
+            node = producers.get(node.input[0])
+        if node is None or node.op_type != "DequantizeLinear":
+            return None
+        scale = self.inits.get(node.input[1])
+        return node if scale is not None and int(np.prod(scale.dims)) == 1 else None
+
+    def _per_axis(self, tensor: str, dq: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto],
+                  axis: int, size: int, out: list[onnx.NodeProto]) -> str:
+        """``tensor`` read through a DequantizeLinear of ``dq``'s scale and zero point repeated
+        ``size`` times along ``axis`` (after a QuantizeLinear of the same, unless ``tensor``
+        is ``dq``'s own output); appends the nodes to ``out``, returns the name read."""
+        params = []
+        for source in dq.input[1:3]:
+            name = f"{source}_a{axis}"
+            value = numpy_helper.to_array(self.inits[source]).reshape(-1)[0]
+            self.inits[name] = numpy_helper.from_array(np.full(size, value), name)
+            params.append(name)
+        codes = dq.input[0]
+        if producers.get(tensor) is not dq:
+            codes = f"{tensor}_a{axis}_q"
+            out.append(helper.make_node("QuantizeLinear", [tensor, *params], [codes],
+                                        name=f"{tensor}_a{axis}_Q", axis=axis,
+                                        domain=dq.domain))
+        read = f"{tensor}_a{axis}"
+        out.append(helper.make_node("DequantizeLinear", [codes, *params], [read],
+                                    name=f"{read}_DQ", axis=axis, domain=dq.domain))
+        return read
 
     def _emit_stored(self, stored: _Stored) -> str:
         if stored.node.name not in self.emitted:

@@ -159,6 +159,7 @@ class Front:
 
     ``latency_source``: ``measured`` (timed in ONNX Runtime on this host, batch 1 and
     ``latency_batch``), ``estimated`` (the profile's cost model) or None (unknown).
+    ``stopped``: why the search ended before its trial budget (spec ``budget.patience``).
     """
 
     metric: str
@@ -172,6 +173,7 @@ class Front:
     timing: Mapping[str, float] = field(default_factory=dict)
     latency_source: str | None = None
     latency_batch: int | None = None
+    stopped: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "higher_is_better": self.higher_is_better,
@@ -179,7 +181,8 @@ class Front:
                 "uniform": {k: v.to_dict() for k, v in self.uniform.items()},
                 "points": [p.to_dict() for p in self.points], "evaluations": self.evaluations,
                 "seconds": self.seconds, "timing": dict(self.timing),
-                "latency_source": self.latency_source, "latency_batch": self.latency_batch}
+                "latency_source": self.latency_source, "latency_batch": self.latency_batch,
+                "stopped": self.stopped}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Front:
@@ -191,7 +194,7 @@ class Front:
                    evaluations=int(data.get("evaluations", 0)),
                    seconds=float(data.get("seconds", 0.0)), timing=dict(data.get("timing", {})),
                    latency_source=data.get("latency_source"),
-                   latency_batch=data.get("latency_batch"))
+                   latency_batch=data.get("latency_batch"), stopped=data.get("stopped"))
 
 
 class MeasurementCache(dict[str, Any]):

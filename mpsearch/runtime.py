@@ -109,13 +109,14 @@ class Session:
         return {name: np.concatenate(parts, axis=0) for name, parts in collected.items()}
 
     def time_batch(self, feeds: Mapping[str, np.ndarray], repeat: int = 10, *,
-                   warmup: bool = True) -> float:
+                   warmup: bool = True, timed: Sequence[float] = ()) -> float:
         """Median seconds for one run of ``feeds`` (after one warm-up run unless the session
-        just ran batches of this shape)."""
+        just ran batches of this shape), over ``repeat`` runs; ``timed``: seconds of warm runs
+        of batches of this shape the session already made, which count towards them."""
         if warmup:
             self.run(feeds)
-        times = []
-        for _ in range(repeat):
+        times = list(timed)[-repeat:]
+        while len(times) < repeat:
             start = time.perf_counter()
             self.run(feeds)
             times.append(time.perf_counter() - start)

@@ -9,7 +9,8 @@ Parsed once, strictly, at the edge: an unknown key is an error with the file, th
     metric: accuracy
     objectives: [metric, size]
     constraints: {max_metric_drop: 0.05}
-    budget: {trials: 60}
+    budget: {trials: 60, patience: 20}   # patience: stop when 20 trials in a row do not
+                                         # move the front (0: run every trial)
     sampler: auto
     seed: 0
     recovery: {cle: false, bias_correction: false,   # accuracy recovery (mpsearch.recovery)
@@ -100,6 +101,7 @@ class SearchSpec:
     use_memory_budget: bool = True
     trials: int = 100
     timeout_s: float | None = None
+    patience: int | None = 20
     sampler: str = "auto"
     seed: int = 0
     storage: str | None = None
@@ -136,7 +138,8 @@ class SearchSpec:
                             "max_metric_drop": self.max_metric_drop,
                             "max_size_bytes": self.max_size_bytes,
                             "memory_budget": self.use_memory_budget},
-            "budget": {"trials": self.trials, "timeout_s": self.timeout_s},
+            "budget": {"trials": self.trials, "timeout_s": self.timeout_s,
+                       "patience": self.patience or 0},
             "sampler": self.sampler, "seed": self.seed, "storage": self.storage,
             "study": self.study, "calibration": {"method": self.method},
             "evaluation": {"batch_size": self.batch_size, "threads": self.threads,
@@ -199,7 +202,7 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     constraints.check_keys(("min_metric", "max_metric_drop", "max_size_bytes",
                             "memory_budget"))
     budget = root.section("budget", default=None)
-    budget.check_keys(("trials", "timeout_s"))
+    budget.check_keys(("trials", "timeout_s", "patience"))
     calibration = root.section("calibration", default=None)
     calibration.check_keys(("method",))
     evaluation = root.section("evaluation", default=None)
@@ -233,6 +236,7 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
         use_memory_budget=constraints.get_bool("memory_budget", True),
         trials=budget.get_int("trials", 100, minimum=1),
         timeout_s=budget.get_float("timeout_s", None, positive=True),
+        patience=budget.get_int("patience", 20, minimum=0) or None,  # 0: every trial
         sampler=root.get_str("sampler", "auto", choices=SAMPLER_NAMES),
         seed=root.get_int("seed", 0),
         storage=root.get_str("storage", None),

@@ -180,6 +180,36 @@ def test_time_budget_ends_the_search_with_a_saved_front(tmp_path: Path) -> None:
     assert saved.points and saved == run.front
 
 
+def test_patience_ends_the_search_when_the_front_stops_moving(tmp_path: Path) -> None:
+    """budget.patience: the search stops as soon as that many finished trials in a row, after
+    the last seed, found nothing an earlier trial did not match within one sample of the
+    metric (accuracy) and 0.5 % of size; front.json says so, and a resume runs no more
+    trials."""
+    spec = _spec(trials=500, patience=4, analysis=False)
+    run = search_run(spec, tmp_path / "run")
+    trials = sorted(run.result.trials, key=lambda r: r.trial)
+    assert 4 < len(trials) < 500
+    samples = max(int(key.rpartition("@")[2]) for key in run.measured
+                  if key.rpartition("@")[2].isdigit())  # the search split
+
+    def moves(index: int) -> bool:
+        new = trials[index]
+        return new.state == "complete" and not any(
+            old.state == "complete" and old.score >= new.score - 1 / samples
+            and old.size <= 1.005 * new.size for old in trials[:index])
+
+    moved = max(i for i in range(len(trials)) if moves(i))
+    seeds = max(i for i, r in enumerate(trials) if r.source not in ("sampler", "front neighbour"))
+    assert len(trials) - 1 - max(moved, seeds) == 4  # stopped at the first trial it could
+    assert run.front.stopped == (f"the front did not change in the last 4 trials: stopped "
+                                 f"after {len(trials)} trials (budget.patience 4; 0 runs every "
+                                 "trial)")
+    assert RunDir(run.run_dir).read_front().stopped == run.front.stopped
+    resumed = search_run(spec, tmp_path / "run", resume=True)
+    assert len(resumed.result.trials) == len(trials)
+    assert resumed.front.stopped == run.front.stopped
+
+
 def test_max_metric_drop_binds_a_lower_is_better_metric(tmp_path: Path) -> None:
     """mse: FP32 scores 0; a drop of 1e-4 admits only points within 1e-4 of it."""
     run = search_run(_spec(metric="mse", max_metric_drop=1e-4, trials=8, analysis=False),

@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from mpsearch.analysis import (
     Analysis,
     Measurement,
+    Measurer,
     NodeSensitivity,
     Thresholds,
     kendall_tau,
@@ -295,3 +296,16 @@ def test_cli_handler_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "heavy_tails" in lines[2]
     assert (tmp_path / "run" / "sensitivity.json").is_file()
     assert not (tmp_path / "run" / "report.html").exists()
+
+
+def test_latency_at_the_measuring_batch_counts_the_measurement_s_warm_runs(mlp: Prepared
+                                                                           ) -> None:
+    """A configuration just measured in four batches of 16 has three warm runs of that batch
+    (the session's first run is its warm-up): its latency at batch 16, three repeats, is their
+    median, with no run added."""
+    measurer = Measurer(mlp.quantizer(), mlp.validation, batch_size=16)
+    formats = {node.name: "int8" for node in mlp.graph.quantizable_nodes()}
+    measurer.measure(formats, samples=64)
+    warm = list(measurer._open.warm_runs)  # type: ignore[union-attr]
+    assert len(warm) == 3
+    assert measurer.latency(formats, batch=16, repeat=3) == float(np.median(warm))

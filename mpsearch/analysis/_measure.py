@@ -19,7 +19,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -110,7 +110,8 @@ def assignment_key(formats: Mapping[str, str]) -> str:
 
 @dataclass(slots=True)
 class _Open:
-    """The configuration measured last: its session and the outputs gathered so far."""
+    """The configuration measured last: its session, the outputs gathered so far and the
+    seconds of its warm runs of full batches (every run but the session's first)."""
 
     key: str
     session: Session
@@ -118,6 +119,7 @@ class _Open:
     build_s: float
     session_s: float
     eval_s: float
+    warm_runs: list[float] = field(default_factory=list)
 
 
 class Measurer:
@@ -200,7 +202,12 @@ class Measurer:
         start = time.perf_counter()
         done = sum(len(part) for part in state.outputs)
         for feeds in self.data.batches(self.batch_size, start=done, stop=count):
+            run_start = time.perf_counter()
             state.outputs.append(state.session.run(feeds, [evaluator.output])[evaluator.output])
+            rows = len(next(iter(feeds.values()))) if feeds else 0
+            if done and rows == self.batch_size:  # a warm run of a full batch: a latency
+                state.warm_runs.append(time.perf_counter() - run_start)
+            done += rows
         state.eval_s += time.perf_counter() - start
         outputs = np.concatenate(state.outputs, axis=0)[:count]
         result = Measurement(
@@ -228,7 +235,8 @@ class Measurer:
                     and batch == self.batch_size)
             state = self._continue(base, canonical)
             feeds = next(iter(self.data.batches(batch, stop=batch)))
-            seconds = state.session.time_batch(feeds, repeat, warmup=not warm)
+            seconds = state.session.time_batch(feeds, repeat, warmup=not warm,
+                                               timed=state.warm_runs if warm else ())
             self.cache[key] = {"seconds": seconds, "batch": batch, "repeat": repeat}
             if self.on_new is not None:
                 self.on_new()

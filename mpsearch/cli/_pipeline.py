@@ -63,6 +63,8 @@ def _search(args: argparse.Namespace) -> int:
     front, metric = run.front, run.front.metric
     print(f"run dir  {run.run_dir}  ({run.result.evaluations} evaluations, "
           f"{run.result.seconds:.1f} s search)")
+    if front.stopped:
+        print(f"stopped  {front.stopped}")
     print(f"FP32     {metric} {front.fp32.metric:.4f}  size {_kb(front.fp32.size)}")
     for name, point in front.uniform.items():
         print(f"uniform {name:<6} {metric} {point.metric:.4f}  size {_kb(point.size)}")

@@ -362,7 +362,9 @@ def _front_table(front: Mapping[str, Any]) -> str:
     note = ('<p class="muted">Held-out metric with its 95 % interval (Wilson for accuracy, top5 '
             "and agreement; bootstrap over samples otherwise). " + timing + "A point is "
             "<i>dominated</i> when another point is at least as good on every objective after "
-            "the held-out re-measure (hollow in the chart).</p>")
+            "the held-out re-measure (hollow in the chart)." + (
+                f" The search ended early: {esc(front['stopped'])}." if front.get("stopped")
+                else "") + "</p>")
     return note + _table([*head, "status"], rows, scroll=True)
 
 
