@@ -380,8 +380,8 @@ class _Build:
         ``size`` times along ``axis`` (after a QuantizeLinear of the same, unless ``tensor``
         is ``dq``'s own output); appends the nodes to ``out``, returns the name read."""
         params = []
-        for source in dq.input[1:3]:
-            name = f"{source}_a{axis}"
+        for source, part in zip(dq.input[1:3], ("scale", "zero"), strict=False):
+            name = f"{tensor}_a{axis}_{part}"  # one per (tensor, axis): sizes may differ
             value = numpy_helper.to_array(self.inits[source]).reshape(-1)[0]
             self.inits[name] = numpy_helper.from_array(np.full(size, value), name)
             params.append(name)

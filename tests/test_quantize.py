@@ -529,3 +529,37 @@ def test_a_float_node_behind_a_quantized_one_keeps_its_float_weight_in_ort(
     on = create_session(model).run(x)["logits"]
     off = create_session(model, optimize=False).run(x)["logits"]
     assert 10 * np.log10((off ** 2).sum() / ((on - off) ** 2).sum()) > 60
+
+
+def test_two_float_readers_of_one_grid_get_their_own_per_axis_reads() -> None:
+    """One quantized tensor read by a float Conv (4 channels) and, through a Reshape, by a
+    float Gemm (4 x 6 x 6 inputs): each gets per-axis parameters of its own size, the model is
+    valid, and ORT with optimizations on computes what it computes with them off."""
+    rng = np.random.default_rng(3)
+    arrays = {"W1": rng.standard_normal((4, 3, 3, 3)), "W2": rng.standard_normal((5, 4, 1, 1)),
+              "W3": rng.standard_normal((144, 7)), "shape": np.array([-1, 144])}
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "W1"], ["t"], pads=[1, 1, 1, 1], name="conv1"),
+         helper.make_node("Conv", ["t", "W2"], ["a"], name="conv2"),
+         helper.make_node("Reshape", ["t", "shape"], ["r"], name="reshape"),
+         helper.make_node("Gemm", ["r", "W3"], ["b"], name="gemm")],
+        "two_readers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 6])],
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 5, 6, 6]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", 7])],
+        [numpy_helper.from_array(v.astype(np.int64 if k == "shape" else np.float32), k)
+         for k, v in arrays.items()])
+    graph = load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = rng.standard_normal((16, 3, 6, 6)).astype(np.float32)
+    table = calibrate(graph, Dataset(inputs={"x": x}, source="random"))
+    profile = load_profile("x86_ort")
+    assignment = make_assignment(graph, profile, {"conv1": "int16"})
+    model = build_qdq(graph, table, profile, assignment)
+    onnx.checker.check_model(model, full_check=True)
+    assert model_size(graph, profile, assignment) == _initializer_bytes(model)
+    sizes = sorted(int(np.prod(t.dims)) for t in model.graph.initializer
+                   if t.name.endswith("_scale") and "_a" in t.name and t.dims)
+    assert sizes == [4, 144]
+    on, off = create_session(model).run({"x": x}), create_session(model, optimize=False).run(
+        {"x": x})
+    for name in ("a", "b"):
+        np.testing.assert_allclose(on[name], off[name], rtol=1e-4, atol=1e-4)
