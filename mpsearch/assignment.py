@@ -328,7 +328,8 @@ def model_size(graph: ModelGraph, profile: HardwareProfile, assignment: Mapping[
             if read is not None and not _float(read):  # its own per-axis DequantizeLinear
                 stored[(node.inputs[0], read, per_axis[0])] = per_axis[1] * (
                     4 + _BYTES[read.dtype])
-        elif node.op_type in GRID_PRESERVING and node.inputs and node.inputs[0] in carried:
+        elif (node.op_type in GRID_PRESERVING and node.domain in ("", "ai.onnx") and node.inputs
+              and node.inputs[0] in carried):
             carried[node.outputs[0]] = carried[node.inputs[0]]
         float_used.update(t for t in node.inputs if t in graph.initializers and t not in replaced)
     floats = sum(int(graph.initializers[t].nbytes) for t in float_used)

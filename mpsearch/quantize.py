@@ -367,7 +367,8 @@ class _Build:
         """The per-tensor DequantizeLinear whose values ``tensor`` is (itself, or through
         :data:`~mpsearch.assignment.GRID_PRESERVING` ops), else None."""
         node = producers.get(tensor)
-        while node is not None and node.op_type in GRID_PRESERVING and node.domain == "":
+        while (node is not None and node.op_type in GRID_PRESERVING
+               and node.domain in ("", "ai.onnx")):
             node = producers.get(node.input[0])
         if node is None or node.op_type != "DequantizeLinear":
             return None
