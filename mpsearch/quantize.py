@@ -355,7 +355,8 @@ class _Build:
             axis, size = channels
             key = (proto.input[0], axis)
             if key not in made:
-                made[key] = self._per_axis(proto.input[0], dq, producers, axis, size, out)
+                direct = producers.get(proto.input[0]) is dq
+                made[key] = self._per_axis(proto.input[0], dq, direct, axis, size, out)
             edited = onnx.NodeProto()
             edited.CopyFrom(proto)
             edited.input[0] = made[key]
@@ -375,11 +376,12 @@ class _Build:
         scale = self.inits.get(node.input[1])
         return node if scale is not None and int(np.prod(scale.dims)) == 1 else None
 
-    def _per_axis(self, tensor: str, dq: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto],
-                  axis: int, size: int, out: list[onnx.NodeProto]) -> str:
+    def _per_axis(self, tensor: str, dq: onnx.NodeProto, direct: bool, axis: int, size: int,
+                  out: list[onnx.NodeProto]) -> str:
         """``tensor`` read through a DequantizeLinear of ``dq``'s scale and zero point repeated
         ``size`` times along ``axis`` (after a QuantizeLinear of the same, unless ``tensor``
-        is ``dq``'s own output); appends the nodes to ``out``, returns the name read."""
+        is ``dq``'s own output: ``direct``); appends the nodes to ``out``, returns the name
+        read."""
         params = []
         for source, part in zip(dq.input[1:3], ("scale", "zero"), strict=False):
             name = f"{tensor}_a{axis}_{part}"  # one per (tensor, axis): sizes may differ
@@ -387,7 +389,7 @@ class _Build:
             self.inits[name] = numpy_helper.from_array(np.full(size, value), name)
             params.append(name)
         codes = dq.input[0]
-        if producers.get(tensor) is not dq:
+        if not direct:
             codes = f"{tensor}_a{axis}_q"
             out.append(helper.make_node("QuantizeLinear", [tensor, *params], [codes],
                                         name=f"{tensor}_a{axis}_Q", axis=axis,
