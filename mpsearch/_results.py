@@ -166,15 +166,14 @@ class _Clock:
 def _interval(held: Measurer, assignment: Assignment, measured: Measurement, seed: int
               ) -> tuple[float, float] | None:
     """95 % interval of a held-out measurement: Wilson for accuracy-like metrics (k of n
-    samples), else a bootstrap over the samples of a second pass of the built model."""
+    samples), else a bootstrap over the samples of the outputs that measurement gathered."""
     value, samples = measured.value, measured.samples
     if value != value or samples <= 0:
         return None
     if measured.primary in PROPORTION_METRICS:
         return wilson_interval(round(value * samples), samples)
     evaluator = held.evaluator
-    outputs = evaluator.outputs(held.quantizer.build(assignment))
-    return bootstrap_interval(evaluator.primary.fn, outputs, evaluator.reference,
+    return bootstrap_interval(evaluator.primary.fn, held.outputs(assignment), evaluator.reference,
                               evaluator.data.labels, seed=seed)
 
 

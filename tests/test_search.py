@@ -33,6 +33,7 @@ from mpsearch.search import (
     knapsack,
     race_stages,
 )
+from mpsearch.search._study import _best_trials
 from mpsearch.spec import load_spec
 
 ROOT = Path(__file__).parent.parent
@@ -368,3 +369,19 @@ def test_thin_front_keeps_the_ends_and_spreads_the_rest() -> None:
     # A straight front in (log size, metric): the marks fall at evenly spaced trials.
     assert trials == [round(29 * k / 11) for k in range(12)]
     assert thin_front(front[:5], 12) == tuple(front[:5])
+
+
+@pytest.mark.parametrize("directions", [["maximize", "minimize"],
+                                        ["maximize", "minimize", "minimize"]])
+def test_best_trials_without_a_deep_copy_match_optuna_s(directions: list[str]) -> None:
+    """The callbacks' Pareto front equals Study.best_trials, ties on a coarse grid included."""
+    rng = np.random.default_rng(3)
+    study = optuna.create_study(directions=directions)
+    for _ in range(60):  # a metric that costs size: a front of several points
+        metric = int(rng.integers(0, 8))
+        latency = rng.integers(0, 4, len(directions) - 2)
+        values = [metric, metric + int(rng.integers(0, 3)), *latency]
+        study.add_trial(optuna.trial.create_trial(values=[float(v) for v in values]))
+    ours = sorted(t.number for t in _best_trials(study))
+    assert ours == sorted(t.number for t in study.best_trials)
+    assert 3 <= len(ours) < 30

@@ -309,3 +309,23 @@ def test_latency_at_the_measuring_batch_counts_the_measurement_s_warm_runs(mlp: 
     warm = list(measurer._open.warm_runs)  # type: ignore[union-attr]
     assert len(warm) == 3
     assert measurer.latency(formats, batch=16, repeat=3) == float(np.median(warm))
+
+
+def test_outputs_of_the_configuration_just_measured_come_without_a_second_pass(
+        mlp: Prepared) -> None:
+    """The held-out bootstrap interval resamples the outputs the measurement gathered: equal
+    to a fresh pass of the built model, and no batch runs again."""
+    measurer = Measurer(mlp.quantizer(), mlp.validation, batch_size=16)
+    formats = {node.name: "int8" for node in mlp.graph.quantizable_nodes()}
+    measurer.measure(formats)
+    state = measurer._open
+    assert state is not None
+    runs = len(state.outputs)
+    outputs = measurer.outputs(formats)
+    assert measurer._open is state and len(state.outputs) == runs
+    fresh = measurer.evaluator.outputs(mlp.quantizer().build(formats))
+    np.testing.assert_array_equal(outputs, fresh)
+    assert len(outputs) == len(mlp.validation)
+    fp32 = measurer.outputs({})  # another configuration: its own session, one pass
+    assert measurer._open is not state
+    np.testing.assert_array_equal(fp32, measurer.evaluator.reference)

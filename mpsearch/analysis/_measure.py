@@ -199,17 +199,7 @@ class Measurer:
             return Measurement.from_dict(self.cache[key])
         evaluator = self.evaluator
         state = self._continue(base, canonical)
-        start = time.perf_counter()
-        done = sum(len(part) for part in state.outputs)
-        for feeds in self.data.batches(self.batch_size, start=done, stop=count):
-            run_start = time.perf_counter()
-            state.outputs.append(state.session.run(feeds, [evaluator.output])[evaluator.output])
-            rows = len(next(iter(feeds.values()))) if feeds else 0
-            if done and rows == self.batch_size:  # a warm run of a full batch: a latency
-                state.warm_runs.append(time.perf_counter() - run_start)
-            done += rows
-        state.eval_s += time.perf_counter() - start
-        outputs = np.concatenate(state.outputs, axis=0)[:count]
+        outputs = self._run(state, count)
         result = Measurement(
             metrics=MappingProxyType(evaluator.metrics(outputs)), primary=evaluator.primary.name,
             kl=output_kl(evaluator.reference[:count], outputs), samples=len(outputs),
@@ -220,6 +210,29 @@ class Measurer:
         if self.on_new is not None:
             self.on_new()
         return result
+
+    def outputs(self, formats: Mapping[str, str]) -> np.ndarray:
+        """The primary output of the model with ``formats`` on every sample: the outputs the
+        last measurement gathered when it was this configuration's (no second pass), else
+        one pass."""
+        canonical = self.canonical(formats)
+        return self._run(self._continue(assignment_key(canonical), canonical), self.count(None))
+
+    def _run(self, state: _Open, count: int) -> np.ndarray:
+        """The outputs of ``state``'s session on the first ``count`` samples, running only the
+        batches it has not run yet."""
+        output = self.evaluator.output
+        start = time.perf_counter()
+        done = sum(len(part) for part in state.outputs)
+        for feeds in self.data.batches(self.batch_size, start=done, stop=count):
+            run_start = time.perf_counter()
+            state.outputs.append(state.session.run(feeds, [output])[output])
+            rows = len(next(iter(feeds.values()))) if feeds else 0
+            if done and rows == self.batch_size:  # a warm run of a full batch: a latency
+                state.warm_runs.append(time.perf_counter() - run_start)
+            done += rows
+        state.eval_s += time.perf_counter() - start
+        return np.concatenate(state.outputs, axis=0)[:count]
 
     def latency(self, formats: Mapping[str, str], *, batch: int = 1, repeat: int = 5) -> float:
         """Median seconds of one ONNX Runtime run of the model with ``formats`` on the first

@@ -404,7 +404,7 @@ def _explore_callback(
 
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-        front = study.best_trials
+        front = _best_trials(study)
         if waiting or not front or rng.random() >= spec.explore:
             return
         sizes = [t.values[1] for t in front]
@@ -467,6 +467,21 @@ def _unmoved_trials(study: optuna.Study) -> int:
     return sum(1 for t in trials if t.state in _FINISHED and t.number > since)
 
 
+def _best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The study's Pareto-optimal complete trials: :attr:`optuna.Study.best_trials` without its
+    deep copy of every trial (which cost more than the sampler itself after each trial)."""
+    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if not trials:
+        return []
+    signs = np.array([1.0 if d == optuna.study.StudyDirection.MINIMIZE else -1.0
+                      for d in study.directions])
+    loss = np.array([t.values for t in trials], dtype=float) * signs
+    no_worse = (loss[:, None, :] <= loss[None, :, :]).all(axis=2)  # [i, j]: i no worse than j
+    better = (loss[:, None, :] < loss[None, :, :]).any(axis=2)
+    dominated = (no_worse & better).any(axis=0)
+    return [t for t, out in zip(trials, dominated, strict=True) if not out]
+
+
 def _finished(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=_FINISHED))
 
@@ -485,7 +500,7 @@ def _progress_callback(
     total: int, objective: _Objective, report: Reporter
 ) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        best = [float(t.user_attrs.get("metric", t.values[0])) for t in study.best_trials]
+        best = [float(t.user_attrs.get("metric", t.values[0])) for t in _best_trials(study)]
         info: dict[str, float | int] = {"front": len(best), "evals": objective.evaluations}
         if best:
             info["best"] = max(best) if objective.higher else min(best)
