@@ -288,3 +288,37 @@ def test_recovery_runs_through_search_and_export(tmp_path: Path) -> None:
     assert ours.keys() == reference.keys()
     differ = sorted(n for n in ours if not np.array_equal(ours[n], reference[n]))
     assert differ and all(n.endswith("__i32_q") for n in differ)
+
+
+def test_sqnr_racing_slack_is_calibrated_on_the_model_s_completed_trials() -> None:
+    """Racing by SQNR: until ten completed trials passed a stage the slack is the fixed
+    3 dB * sqrt(32 / n); then 1.5 times the largest rise from that stage to the final score
+    they showed (at least 0.5 dB), each rise the difference of two real measurements."""
+    from mpsearch.analysis import Measurer
+    from mpsearch.pipeline import prepare
+    from mpsearch.search._study import _Objective
+
+    spec = _spec(metric="agreement", chunks=4)
+    prepared = prepare(spec)
+    search_split = prepared.validation.take(128)
+    measurer = Measurer(prepared.quantizer(), search_split, metric="agreement")
+    groups = group_nodes(prepared.graph, prepared.profile)
+    objective = _Objective(measurer, prepared.summary, spec, groups, None, None)
+    assert objective.by_sqnr
+    assert objective.sqnr_slack(32) == 3.0 and objective.sqnr_slack(64) == 3.0 * math.sqrt(0.5)
+    rng = np.random.default_rng(0)
+    rises: dict[int, list[float]] = {32: [], 64: []}
+    for count in range(10):
+        choice = {g.name: int(rng.integers(len(g.formats))) for g in groups}
+        formats = objective.assignment(choice)
+        stages = {n: objective.score(measurer.measure(formats, samples=n)) for n in (32, 64)}
+        final = objective.score(measurer.measure(formats))
+        objective.record_gains(formats)
+        for n, stage in stages.items():
+            rises[n].append(final - stage)
+        if count < 9:  # not calibrated yet
+            assert objective.sqnr_slack(32) == 3.0
+    assert objective.gains == rises
+    for n in (32, 64):
+        assert objective.sqnr_slack(n) == max(0.5, 1.5 * max(rises[n]))
+    assert len({round(r, 6) for r in rises[32]}) > 1  # real, differing measurements

@@ -211,6 +211,13 @@ class Measurer:
             self.on_new()
         return result
 
+    def cached(self, formats: Mapping[str, str], *, samples: int | None = None
+               ) -> Measurement | None:
+        """The measurement of ``formats`` on the first ``samples`` samples if already made."""
+        key = f"{assignment_key(self.canonical(formats))}@{self.count(samples)}"
+        entry = self.cache.get(key)
+        return None if entry is None else Measurement.from_dict(entry)
+
     def outputs(self, formats: Mapping[str, str]) -> np.ndarray:
         """The primary output of the model with ``formats`` on every sample: the outputs the
         last measurement gathered when it was this configuration's (no second pass), else
