@@ -226,7 +226,9 @@ class _Objective:
 
     def record_gains(self, assignment: Mapping[str, str]) -> None:
         """Remember how the score of a completed ``assignment`` moved from each race stage to
-        all samples (the stages its measurer holds)."""
+        all samples (the stages its measurer holds): the SQNR race's calibration."""
+        if not self.by_sqnr:
+            return
         total = len(self.measurer.data)
         final = self.score(self.measurer.measure(assignment))
         for samples in race_stages(total, self.spec.chunks)[:-1]:
