@@ -312,8 +312,9 @@ def test_sqnr_racing_slack_is_calibrated_on_the_model_s_completed_trials() -> No
         choice = {g.name: int(rng.integers(len(g.formats))) for g in groups}
         formats = objective.assignment(choice)
         stages = {n: objective.score(measurer.measure(formats, samples=n)) for n in (32, 64)}
-        final = objective.score(measurer.measure(formats))
-        objective.record_gains(formats)
+        result = measurer.measure(formats)
+        final = objective.score(result)
+        objective.record_gains(formats, result)
         for n, stage in stages.items():
             rises[n].append(final - stage)
         if count < 9:  # not calibrated yet

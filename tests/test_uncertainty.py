@@ -58,6 +58,11 @@ def test_dominated_flags() -> None:
                            higher_is_better=False) == (False, True)
     timed = [(0.9, 100, 1.0), (0.9, 100, 0.5)]
     assert dominated_flags(timed, higher_is_better=True) == (True, False)
+    # latency counts only between two points that both have one
+    assert dominated_flags([(0.9, 100, None), (0.9, 100, 0.5)],
+                           higher_is_better=True) == (False, False)
+    assert dominated_flags([*timed, (0.8, 120, None)],
+                           higher_is_better=True) == (True, False, True)
 
 
 def _front(points: tuple[FrontPoint, ...]) -> Front:

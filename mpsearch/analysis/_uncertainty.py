@@ -64,13 +64,16 @@ def dominated_flags(points: Sequence[tuple[float, float, float | None]], *,
                     higher_is_better: bool) -> tuple[bool, ...]:
     """For each (metric, size, latency) point, whether another point is at least as good on
     every objective and better on one (latency counts only when both points have one)."""
+    if not points:
+        return ()
     sign = 1.0 if higher_is_better else -1.0
-
-    def beats(a: tuple[float, float, float | None], b: tuple[float, float, float | None]
-              ) -> bool:
-        la, lb = (a[2], b[2]) if a[2] is not None and b[2] is not None else (0.0, 0.0)
-        ma, mb = sign * a[0], sign * b[0]
-        return (ma >= mb and a[1] <= b[1] and la <= lb) and (ma > mb or a[1] < b[1] or la < lb)
-
-    return tuple(any(beats(o, p) for j, o in enumerate(points) if j != i)
-                 for i, p in enumerate(points))
+    loss = np.array([(-sign * m, s, math.nan if lat is None else lat) for m, s, lat in points],
+                    dtype=float)
+    a, b = loss[:, None, :], loss[None, :, :]  # [i, j]: point i against point j
+    missing = np.isnan(loss[:, 2])
+    unknown = np.zeros((len(loss), len(loss), 3), dtype=bool)
+    unknown[:, :, 2] = missing[:, None] | missing[None, :]  # either point lacks a latency
+    no_worse = ((a <= b) | unknown).all(axis=2)
+    better = ((a < b) & ~unknown).any(axis=2)
+    dominated = np.any(no_worse & better, axis=0)
+    return tuple(bool(dominated[i]) for i in range(len(points)))

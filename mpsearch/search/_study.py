@@ -40,7 +40,13 @@ from pathlib import Path
 import numpy as np
 import optuna
 
-from mpsearch.analysis import PROPORTION_METRICS, Measurement, Measurer, wilson_interval
+from mpsearch.analysis import (
+    PROPORTION_METRICS,
+    Measurement,
+    Measurer,
+    dominated_flags,
+    wilson_interval,
+)
 from mpsearch.assignment import Assignment, estimate_latency, make_assignment, model_size
 from mpsearch.errors import SearchError
 from mpsearch.profiles import measures_latency
@@ -220,18 +226,17 @@ class _Objective:
                 raise optuna.TrialPruned(f"metric {result.value:.4f} on {result.samples} "
                                          "samples cannot reach the front")
         self._account(result, before)
-        self.record_gains(assignment)
+        self.record_gains(assignment, result)
         trial.set_user_attr("metrics", dict(result.metrics))
         return result
 
-    def record_gains(self, assignment: Mapping[str, str]) -> None:
-        """Remember how the score of a completed ``assignment`` moved from each race stage to
-        all samples (the stages its measurer holds): the SQNR race's calibration."""
+    def record_gains(self, assignment: Mapping[str, str], result: Measurement) -> None:
+        """Remember how the score of a completed ``assignment`` (``result``: on all samples)
+        moved from each race stage (those its measurer holds): the SQNR race's calibration."""
         if not self.by_sqnr:
             return
-        total = len(self.measurer.data)
-        final = self.score(self.measurer.measure(assignment))
-        for samples in race_stages(total, self.spec.chunks)[:-1]:
+        final = self.score(result)
+        for samples in race_stages(len(self.measurer.data), self.spec.chunks)[:-1]:
             stage = self.measurer.cached(assignment, samples=samples)
             if stage is not None:
                 self.gains.setdefault(samples, []).append(final - self.score(stage))
@@ -505,18 +510,14 @@ def _unmoved_trials(study: optuna.Study) -> int:
 
 
 def _best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """The study's Pareto-optimal complete trials: :attr:`optuna.Study.best_trials` without its
-    deep copy of every trial (which cost more than the sampler itself after each trial)."""
+    """The study's Pareto-optimal complete trials (objective value, size[, latency]), by the
+    held-out front's dominance rule: :attr:`optuna.Study.best_trials` without its deep copy of
+    every trial (which cost more than the sampler itself after each trial)."""
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    if not trials:
-        return []
-    signs = np.array([1.0 if d == optuna.study.StudyDirection.MINIMIZE else -1.0
-                      for d in study.directions])
-    loss = np.array([t.values for t in trials], dtype=float) * signs
-    no_worse = (loss[:, None, :] <= loss[None, :, :]).all(axis=2)  # [i, j]: i no worse than j
-    better = (loss[:, None, :] < loss[None, :, :]).any(axis=2)
-    dominated = (no_worse & better).any(axis=0)
-    return [t for t, out in zip(trials, dominated, strict=True) if not out]
+    flags = dominated_flags(
+        [(t.values[0], t.values[1], t.values[2] if len(t.values) > 2 else None) for t in trials],
+        higher_is_better=study.directions[0] == optuna.study.StudyDirection.MAXIMIZE)
+    return [t for t, dominated in zip(trials, flags, strict=True) if not dominated]
 
 
 def _finished(study: optuna.Study) -> int:
@@ -531,8 +532,9 @@ def _restore_cache(study: optuna.Study, objective: _Objective) -> None:
             key = make_assignment(objective.graph, objective.profile, formats).key()
             objective.cache[key] = tuple(trial.values)
             objective.metrics[key] = float(trial.user_attrs.get("metric", trial.values[0]))
-            if objective.measurer.cached(formats) is not None:  # its stages, from the cache
-                objective.record_gains(formats)
+            result = objective.measurer.cached(formats)
+            if result is not None:  # its stages, from the measurement cache
+                objective.record_gains(formats, result)
 
 
 def _progress_callback(
