@@ -803,6 +803,7 @@ def _share(count: Metric) -> Callable[[np.ndarray, np.ndarray, np.ndarray | None
 
     share.__name__ = share.__qualname__ = f"{count.__name__}_share"
     share.__doc__ = f":func:`{count.__name__}` as a share of the samples."
+    share.proportion = True  # type: ignore[attr-defined]  # k of n: Wilson intervals
     return share
 
 
@@ -881,8 +882,8 @@ def main() -> None:  # pragma: no cover - prints the RESULTS.md table
     from corpus_check import check_model  # tests/corpus_check.py
 
     print("| model | exporter | nodes | params | MACs | metric | FP32 | ours INT8 | ORT INT8 |"
-          " ours INT16 | size FP32 / ours INT8 / ORT INT8 (MB) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          " ours INT16 | size FP32 / ours INT8 / ORT INT8 (MB) | ours / ORT INT8 file |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model in CORPUS:
         if model.path() is None:
             print(f"| {model.key} | {model.package} not installed |")
@@ -891,7 +892,7 @@ def main() -> None:  # pragma: no cover - prints the RESULTS.md table
         print(f"| {model.key} | {model.exporter} | {r.nodes} | {r.params:,} | {r.macs:,} | "
               f"{model.metric_name} (n={r.samples}) | {r.fp32} | {r.ours_int8} | {r.ort_int8} | "
               f"{r.ours_int16} | {r.fp32_bytes / 1e6:.2f} / {r.ours_bytes / 1e6:.2f} / "
-              f"{r.ort_bytes / 1e6:.2f} |", flush=True)
+              f"{r.ort_bytes / 1e6:.2f} | {r.ours_bytes / r.ort_bytes:.4f}x |", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from dataclasses import replace
 from typing import Any, TypedDict
 
 from mpsearch.analysis import (
-    PROPORTION_METRICS,
     SCHEMA,
     STAT_COLUMNS,
     Analysis,
@@ -30,9 +29,11 @@ from mpsearch.assignment import (
     estimate_latency,
     make_assignment,
     model_size,
+    table_format,
     uniform_assignment,
 )
 from mpsearch.errors import QuantizationError
+from mpsearch.evaluate import is_proportion
 from mpsearch.profiles import measures_latency
 from mpsearch.progress import Progress, Reporter
 from mpsearch.rundir import Baseline, Front, FrontPoint, RunDir
@@ -102,9 +103,13 @@ def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult
     for fmt in profile.formats:
         if fmt == profile.default_format:
             continue
+        if table_format(graph, profile, fmt):
+            continue
         try:
             assignment = uniform_assignment(graph, profile, fmt)
-        except QuantizationError:  # a format no node may take
+        except QuantizationError:
+            continue
+        if fmt not in assignment.values():  # a format no node of this model takes
             continue
         metric = held.measure(assignment).value
         uniform[fmt] = Baseline(metric=metric, size=model_size(graph, profile, assignment),
@@ -170,7 +175,7 @@ def _interval(held: Measurer, assignment: Assignment, measured: Measurement, see
     value, samples = measured.value, measured.samples
     if value != value or samples <= 0:
         return None
-    if measured.primary in PROPORTION_METRICS:
+    if is_proportion(measured.primary):
         return wilson_interval(round(value * samples), samples)
     evaluator = held.evaluator
     return bootstrap_interval(evaluator.primary.fn, held.outputs(assignment), evaluator.reference,

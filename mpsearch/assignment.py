@@ -34,6 +34,7 @@ __all__ = [
     "load_assignment",
     "make_assignment",
     "model_size",
+    "table_format",
     "uniform_assignment",
     "why_float",
 ]
@@ -128,6 +129,14 @@ def uniform_assignment(graph: ModelGraph, profile: HardwareProfile, fmt: str) ->
     profile.format(fmt)  # raises a clear error for an unknown format name
     formats = {n.name: fmt for n in graph.nodes.values() if fmt in profile.formats_for_node(n)}
     return make_assignment(graph, profile, formats)
+
+
+def table_format(graph: ModelGraph, profile: HardwareProfile, fmt: str) -> bool:
+    """True when only weight-only nodes (embedding tables) of ``graph`` may take ``fmt`` (x86's
+    ``int8_rows``): another way to store the tables, not a precision of the model, so it has no
+    uniform baseline of its own."""
+    takers = [n for n in graph.nodes.values() if fmt in profile.formats_for_node(n)]
+    return bool(takers) and all(n.weight_only for n in takers)
 
 
 def why_float(graph: ModelGraph, profile: HardwareProfile) -> dict[str, str]:

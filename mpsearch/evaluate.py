@@ -8,7 +8,9 @@ Built-in metrics (``METRICS``), each with its direction: ``accuracy`` and ``top5
 ``agreement`` (top-1 agreement with FP32), ``sqnr`` (dB), ``cosine`` and ``mse`` of the primary
 output versus FP32. A user metric is ``"package.module:function"`` taking
 ``(outputs, reference, labels)`` and returning a float; set ``function.higher_is_better = False``
-for a loss.
+for a loss, and ``function.proportion = True`` when it returns the share of samples that pass
+(k of n), as ``accuracy`` does: its held-out interval is then Wilson's and the search breaks
+ties below one sample by output SQNR.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from mpsearch.errors import DataError, SpecError
 from mpsearch.graph import ModelGraph
 from mpsearch.runtime import Session, create_session
 
-__all__ = ["METRICS", "Evaluation", "Evaluator", "Metric", "resolve_metric"]
+__all__ = ["METRICS", "Evaluation", "Evaluator", "Metric", "is_proportion", "resolve_metric"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +44,7 @@ class Metric:
     higher_is_better: bool
     needs_labels: bool
     fn: MetricFn = field(repr=False)
+    proportion: bool = False  # the share of samples that pass (k of n)
 
 
 def _top1(outputs: np.ndarray) -> np.ndarray:
@@ -72,10 +75,12 @@ def _error(index: int) -> MetricFn:
 
 
 METRICS: Mapping[str, Metric] = MappingProxyType({
-    "accuracy": Metric(name="accuracy", higher_is_better=True, needs_labels=True, fn=_accuracy),
-    "top5": Metric(name="top5", higher_is_better=True, needs_labels=True, fn=_top5),
+    "accuracy": Metric(name="accuracy", higher_is_better=True, needs_labels=True, fn=_accuracy,
+                       proportion=True),
+    "top5": Metric(name="top5", higher_is_better=True, needs_labels=True, fn=_top5,
+                   proportion=True),
     "agreement": Metric(name="agreement", higher_is_better=True, needs_labels=False,
-                        fn=_agreement),
+                        fn=_agreement, proportion=True),
     "mse": Metric(name="mse", higher_is_better=False, needs_labels=False, fn=_error(0)),
     "sqnr": Metric(name="sqnr", higher_is_better=True, needs_labels=False, fn=_error(1)),
     "cosine": Metric(name="cosine", higher_is_better=True, needs_labels=False, fn=_error(2)),
@@ -96,7 +101,12 @@ def resolve_metric(name: str) -> Metric:
         raise SpecError(f"metric '{name}': cannot import {attr} from {module_name} ({e}); "
                         "check the module is on PYTHONPATH") from e
     return Metric(name=name, higher_is_better=bool(getattr(fn, "higher_is_better", True)),
-                  needs_labels=False, fn=fn)
+                  needs_labels=False, fn=fn, proportion=bool(getattr(fn, "proportion", False)))
+
+
+def is_proportion(metric: str) -> bool:
+    """True when ``metric`` is the share of samples that pass (k of n samples)."""
+    return resolve_metric(metric).proportion
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -49,6 +49,7 @@ def test_limit_scores_a_prefix(digits: Dataset) -> None:
 def test_directions_are_declared() -> None:
     assert METRICS["accuracy"].higher_is_better and METRICS["sqnr"].higher_is_better
     assert not METRICS["mse"].higher_is_better
+    assert {n for n, m in METRICS.items() if m.proportion} == {"accuracy", "top5", "agreement"}
 
 
 def test_user_metric(tmp_path: Path, digits: Dataset, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -226,6 +227,29 @@ def test_max_metric_drop_binds_a_lower_is_better_metric(tmp_path: Path) -> None:
             assert point.interval == (0.0, 0.0)
         else:
             assert point.interval[0] < point.metric < point.interval[1]
+
+
+def test_a_user_metric_marked_as_a_proportion_gets_wilson_intervals(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user metric that returns the share of samples that pass (``fn.proportion = True``,
+    as the corpus's ``*_share`` metrics) is a k-of-n count: Wilson intervals, as accuracy's,
+    not a bootstrap that cannot widen past n of n."""
+    (tmp_path / "share_metrics.py").write_text(
+        "import numpy as np\n"
+        "def kept(outputs, reference, labels):\n"
+        "    return float(np.mean(outputs.argmax(1) == reference.argmax(1)))\n"
+        "kept.proportion = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = search_run(_spec(metric="share_metrics:kept", trials=6, analysis=False),
+                     tmp_path / "run")
+    held = json.loads(RunDir(run.run_dir).measurements.read_text())["splits"]["held-out"]
+    (n,) = {entry["samples"] for entry in held["entries"].values() if "metrics" in entry}
+    assert run.front.points
+    for point in run.front.points:
+        assert point.interval == wilson_interval(round(point.metric * n), n)
+    fp32_like = [p for p in run.front.points if p.metric == 1.0]
+    assert all(p.interval is not None and p.interval[0] < 1.0 for p in fp32_like)
+    sys.modules.pop("share_metrics", None)
 
 
 def _study(run_dir: Path) -> optuna.Study:

@@ -42,7 +42,6 @@ from mpsearch.analysis._sensitivity import (
     worsening,
 )
 from mpsearch.analysis._uncertainty import (
-    PROPORTION_METRICS,
     Z95,
     bootstrap_interval,
     dominated_flags,
@@ -59,7 +58,6 @@ __all__ = [
     "Measurer",
     "NodeDistribution",
     "NodeSensitivity",
-    "PROPORTION_METRICS",
     "RestoreGain",
     "SCHEMA",
     "STAT_COLUMNS",

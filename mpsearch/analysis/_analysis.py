@@ -267,8 +267,9 @@ def analyze(
     thresholds = thresholds or Thresholds()
     quantizer = measurer.quantizer
     graph, profile = quantizer.graph, quantizer.profile
-    wanted = analysis_formats(profile, formats)
-    targets = _targets(measurer, wanted)
+    listed = analysis_formats(profile, formats)
+    targets = _targets(measurer, listed)
+    wanted = tuple(f for f in listed if any(f in taken for _, taken in targets))  # some node's
     order = {name: i for i, name in enumerate(graph.order)}
     if proxy:
         rows = _proxy_rows(measurer, targets, proxy_samples, order, progress)

@@ -4,9 +4,11 @@ Consumes a metric's value and sample count (accuracy-like metrics, which are pro
 or its per-sample outputs (any other metric); produces ``(low, high)`` intervals:
 
 * :func:`wilson_interval`: the Wilson score interval of a binomial proportion (accuracy, top5,
-  agreement), which stays inside [0, 1] and is sensible at k = 0 or k = n;
+  agreement, a user metric marked ``proportion``:
+  :func:`mpsearch.evaluate.is_proportion`), which stays inside [0, 1] and is sensible at k = 0
+  or k = n;
 * :func:`bootstrap_interval`: the seeded percentile bootstrap over samples for every other
-  metric (SQNR, MSE, cosine, user metrics).
+  metric (SQNR, MSE, cosine, other user metrics).
 
 :func:`dominated_flags` marks the front points that another point beats after the re-measure.
 """
@@ -18,11 +20,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["PROPORTION_METRICS", "Z95", "bootstrap_interval", "dominated_flags",
-           "wilson_interval"]
+__all__ = ["Z95", "bootstrap_interval", "dominated_flags", "wilson_interval"]
 
-#: Metrics that are a fraction of samples (k / n): their interval is Wilson's.
-PROPORTION_METRICS = frozenset({"accuracy", "top5", "agreement"})
 #: The two-sided 95 % standard normal quantile.
 Z95 = 1.959963984540054
 

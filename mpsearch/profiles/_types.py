@@ -339,14 +339,18 @@ class HardwareProfile:
         return names
 
     def weight_format(self, op_type: str, format_name: str) -> TensorFormat:
-        """The weight format of ``format_name`` with the op's granularity/axis rules applied."""
+        """The weight format of ``format_name`` with the op's granularity/axis rules applied.
+
+        A format that names its own ``axis`` keeps it: the rule's ``weight_axis`` sets the axis
+        of the formats that leave it to the op (so a Gather rule can store tables one scale a
+        column and still offer a format with one scale a row)."""
         weight = self.format(format_name).weight
         rule = self.op_rules.get(op_type)
         if rule is None or weight.is_float:
             return weight
         if rule.weight_granularity is not None:
             weight = replace(weight, granularity=rule.weight_granularity)
-        if rule.weight_axis is not None:
+        if rule.weight_axis is not None and weight.axis is None:
             weight = replace(weight, axis=rule.weight_axis)
         return weight
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpsearch.assignment import model_size
+from mpsearch.assignment import model_size, table_format
 from mpsearch.graph import ModelGraph
 from mpsearch.profiles import Format, HardwareProfile
 from mpsearch.progress import Progress, Reporter
@@ -187,8 +187,10 @@ def seed_assignments(
     lowest = {g.name: g.formats[0] for g in groups}
     every = sorted({f for g in groups for f in g.formats}, key=lambda f: profile.format(f).rank)
     for fmt in every:
+        other = (lowest if table_format(graph, profile, fmt)  # int8 with int8_rows tables
+                 else {g.name: g.formats[-1] for g in groups})
         seeds.append(Seed(source=f"uniform {fmt}",
-                          formats={g.name: fmt if fmt in g.formats else g.formats[-1]
+                          formats={g.name: fmt if fmt in g.formats else other[g.name]
                                    for g in groups}))
     ranked = sorted(groups, key=lambda g: cost.get((g.name, g.formats[0]), 0.0), reverse=True)
     k = 1

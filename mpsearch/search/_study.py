@@ -41,7 +41,6 @@ import numpy as np
 import optuna
 
 from mpsearch.analysis import (
-    PROPORTION_METRICS,
     Measurement,
     Measurer,
     dominated_flags,
@@ -49,6 +48,7 @@ from mpsearch.analysis import (
 )
 from mpsearch.assignment import Assignment, estimate_latency, make_assignment, model_size
 from mpsearch.errors import SearchError
+from mpsearch.evaluate import is_proportion
 from mpsearch.profiles import measures_latency
 from mpsearch.progress import Progress, Reporter
 from mpsearch.search._seeds import (
@@ -195,7 +195,7 @@ class _Objective:
         if self.by_sqnr:
             value = -SQNR_CAP if sqnr is None or math.isnan(sqnr) else sqnr
             return min(max(value, -SQNR_CAP), SQNR_CAP)
-        if (result.primary not in PROPORTION_METRICS or not self.higher or not result.samples
+        if (not is_proportion(result.primary) or not self.higher or not result.samples
                 or sqnr is None or math.isnan(sqnr)):
             return result.value
         s = max(sqnr, 0.0)
@@ -208,7 +208,7 @@ class _Objective:
         metric, else any improvement."""
         if self.by_sqnr:
             return FRONT_MARGIN_DB
-        if self.measurer.fp32().primary in PROPORTION_METRICS:
+        if is_proportion(self.measurer.fp32().primary):
             return 1.0 / self.measurer.count(None)
         return 0.0
 
@@ -267,7 +267,7 @@ class _Objective:
         metric beats the optimistic end of this one's interval at three standard errors
         (Wilson's for accuracy-like metrics, k of n samples; else a proportion's widest)."""
         metric, samples = partial.value, partial.samples
-        if partial.primary in PROPORTION_METRICS and self.higher:
+        if is_proportion(partial.primary) and self.higher:
             optimistic = wilson_interval(round(metric * samples), samples, z=3.0)[1]
         else:
             slack = 3.0 * math.sqrt(0.25 / samples)

@@ -171,7 +171,10 @@ def _derived_profile(base: str, granularity: str) -> dict[str, Any]:
     from mpsearch import load_profile
 
     profile = load_profile(base)
-    formats = {name: {"weight": {"granularity": granularity}}
+    per_tensor = granularity != "per_channel"  # then a format's own axis means nothing
+    formats = {name: {"weight": {"granularity": granularity,
+                                 **({"axis": None} if per_tensor and fmt.weight.axis is not None
+                                    else {})}}
                for name, fmt in profile.formats.items() if not fmt.weight.is_float}
     if not formats:
         raise UploadError(f"profile '{profile.name}' has no integer weight format; keep the "
