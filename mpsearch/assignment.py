@@ -132,11 +132,18 @@ def uniform_assignment(graph: ModelGraph, profile: HardwareProfile, fmt: str) ->
 
 
 def table_format(graph: ModelGraph, profile: HardwareProfile, fmt: str) -> bool:
-    """True when only weight-only nodes (embedding tables) of ``graph`` may take ``fmt`` (x86's
-    ``int8_rows``): another way to store the tables, not a precision of the model, so it has no
-    uniform baseline of its own."""
-    takers = [n for n in graph.nodes.values() if fmt in profile.formats_for_node(n)]
-    return bool(takers) and all(n.weight_only for n in takers)
+    """True when ``fmt`` is another way to store ``graph``'s embedding tables (x86's
+    ``int8_rows``), not a precision of the model: only weight-only nodes take it, and a format
+    of the same rank is taken by those and more. It has no uniform baseline of its own."""
+    def takers(name: str) -> set[str]:
+        return {n.name for n in graph.quantizable_nodes() if name in profile.formats_for_node(n)}
+
+    mine = takers(fmt)
+    if not mine or not all(graph.nodes[n].weight_only for n in mine):
+        return False
+    rank = profile.format(fmt).rank
+    return any(mine < takers(other) for other, f in profile.formats.items()
+               if other != fmt and f.rank == rank)
 
 
 def why_float(graph: ModelGraph, profile: HardwareProfile) -> dict[str, str]:

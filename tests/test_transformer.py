@@ -126,6 +126,22 @@ def test_embedding_gather_is_a_weight_only_node(bert: tuple[Path, ModelGraph, np
     assert table_format(graph, profile, "int8_rows") and not table_format(graph, profile, "int8")
 
 
+def test_a_model_of_tables_only_keeps_the_table_formats_as_precisions(tmp_path: Path) -> None:
+    """Where every quantizable node is a table, ``int8_rows`` is no narrower than ``int8``:
+    both stay formats with uniform baselines."""
+    table = numpy_helper.from_array(np.ones((10, 4), np.float32), "table")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["out"], name="embed")], "tables",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["n", 4])], initializer=[table])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "tables.onnx")
+    only_tables = load_model(tmp_path / "tables.onnx")
+    profile = mpsearch.load_profile("x86_ort")
+    assert not table_format(only_tables, profile, "int8_rows")
+    assert not table_format(only_tables, profile, "int8")
+
+
 @pytest.mark.parametrize(("fmt", "axis"), [("int8", 1), ("int8_rows", 0)])
 def test_the_table_is_stored_int8_one_scale_a_column_or_a_row(
         bert: tuple[Path, ModelGraph, np.ndarray], fmt: str, axis: int) -> None:
