@@ -29,11 +29,16 @@ from mpsearch import kernels
 from mpsearch.data import Dataset, check_finite
 from mpsearch.errors import DataError, SpecError
 from mpsearch.graph import ModelGraph
-from mpsearch.runtime import Session, create_session
+from mpsearch.runtime import Session, SharedWeights, create_session
 
 __all__ = ["METRICS", "Evaluation", "Evaluator", "Metric", "is_proportion", "resolve_metric"]
 
 logger = logging.getLogger(__name__)
+
+#: Candidates of a model with at least this many bytes of large float weights read the ones
+#: they leave unchanged from a shared file (:class:`~mpsearch.runtime.SharedWeights`): below
+#: it, serializing them costs little.
+SHARE_WEIGHTS_ABOVE = 8 << 20
 
 MetricFn = Callable[[np.ndarray, np.ndarray, "np.ndarray | None"], float]
 
@@ -149,6 +154,8 @@ class Evaluator:
         for index, feeds in enumerate(data.batches(batch_size)):
             check_finite(feeds, source=data.source, batch=index, batch_size=batch_size)
         reference = create_session(graph.model, threads=threads, label=graph.name)
+        large = sum(a.nbytes for a in graph.initializers.values() if a.nbytes >= 1 << 16)
+        self.shared = SharedWeights(graph.model) if large >= SHARE_WEIGHTS_ABOVE else None
         self.reference = self._outputs(reference)
         _check_outputs(self.reference, f"{data.source}: the reference model {graph.name!r}",
                        "check the model and its inputs")
@@ -177,7 +184,7 @@ class Evaluator:
         return out
 
     def session(self, model: onnx.ModelProto | bytes) -> Session:
-        return create_session(model, threads=self.threads, label="candidate")
+        return create_session(model, threads=self.threads, label="candidate", shared=self.shared)
 
     def outputs(self, model: onnx.ModelProto | bytes | Session) -> np.ndarray:
         """The primary output of ``model`` on every sample (rows aligned with ``reference``)."""

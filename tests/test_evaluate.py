@@ -9,13 +9,14 @@ import numpy as np
 import onnx
 import pytest
 
+from mpsearch import build_qdq, calibrate, evaluate
 from mpsearch.assignment import estimate_latency, make_assignment, uniform_assignment
 from mpsearch.data import Dataset
 from mpsearch.errors import DataError, SpecError
 from mpsearch.evaluate import METRICS, Evaluator, resolve_metric
 from mpsearch.graph import load_model
 from mpsearch.profiles import load_profile
-from mpsearch.runtime import create_session
+from mpsearch.runtime import SharedWeights, create_session
 from mpsearch.summary import summarize
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -130,3 +131,55 @@ def test_a_fixed_batch_model_without_batch_first_outputs_is_refused() -> None:
     x = np.ones((3, 3), np.float32)
     with pytest.raises(DataError, match="fixed to 1 but output 'y' has shape \\[2, 1\\]"):
         session.run({"x": x})
+
+
+def test_shared_weights_give_bit_identical_sessions(digits: Dataset) -> None:
+    """A candidate's float initializers equal to the reference's are read from the shared file
+    (a weight-heavy model's session then skips serializing them); a tensor with the same name
+    but other bytes, or a quantized one, stays in the model; outputs are bit-identical."""
+    graph = load_model(FIXTURES / "resnet.onnx")
+    profile = load_profile("x86_ort")
+    large = [n for n, a in graph.initializers.items() if a.nbytes >= 1 << 15]
+    shared = SharedWeights(graph.model, min_bytes=1 << 15)
+    assert shared.bytes == sum(graph.initializers[n].nbytes for n in large)
+    candidate = onnx.ModelProto()
+    candidate.CopyFrom(graph.model)
+    changed = next(t for t in candidate.graph.initializer if t.name == large[0])
+    values = onnx.numpy_helper.to_array(changed) * np.float32(1.5)
+    changed.CopyFrom(onnx.numpy_helper.from_array(values, changed.name))
+    external, count = shared.externalize(candidate)
+    assert count == len(large) - 1
+    stored = {t.name: t for t in external.graph.initializer}
+    assert stored[large[0]].raw_data == changed.raw_data
+    assert all(stored[n].data_location == onnx.TensorProto.EXTERNAL for n in large[1:])
+    feeds = dict(digits.take(64).inputs)
+    for model in (candidate, graph.model):
+        plain = create_session(model).run(feeds)["logits"]
+        np.testing.assert_array_equal(create_session(model, shared=shared).run(feeds)["logits"],
+                                      plain)
+    # a built candidate with one Conv at int8: its weight is stored under another name, the
+    # other large float weights come from the shared file
+    conv = next(n for n in graph.quantizable_nodes() if n.weights and n.weights[0] in large)
+    table = calibrate(graph, digits.take(64))
+    built = build_qdq(graph, table, profile, make_assignment(graph, profile, {conv.name: "int8"}))
+    assert shared.externalize(built)[1] == len(large) - 1
+    np.testing.assert_array_equal(create_session(built, shared=shared).run(feeds)["logits"],
+                                  create_session(built).run(feeds)["logits"])
+
+
+def test_an_evaluator_of_a_weight_heavy_model_shares_its_weights(
+        digits: Dataset, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above SHARE_WEIGHTS_ABOVE bytes of large float weights (8 MB; lowered here for the
+    fixture) candidates' sessions share them, with the same metrics as without."""
+    graph = load_model(FIXTURES / "resnet.onnx")
+    data = digits.take(100)
+    plain = Evaluator(graph, data)
+    assert plain.shared is None  # 0.3 MB of weights
+    monkeypatch.setattr(evaluate, "SHARE_WEIGHTS_ABOVE", 0)
+    sharing = Evaluator(graph, data)
+    assert sharing.shared is not None and sharing.shared.bytes > 0
+    profile = load_profile("x86_ort")
+    conv = next(n for n in graph.quantizable_nodes() if n.op_type == "Conv")
+    built = build_qdq(graph, calibrate(graph, digits.take(64)), profile,
+                      make_assignment(graph, profile, {conv.name: "int8"}))
+    assert sharing.evaluate(built).metrics == plain.evaluate(built).metrics
