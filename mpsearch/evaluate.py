@@ -114,6 +114,17 @@ def is_proportion(metric: str) -> bool:
     return resolve_metric(metric).proportion
 
 
+def _shared_weights(graph: ModelGraph) -> SharedWeights | None:
+    """:class:`SharedWeights` of ``graph``, or None (sessions then carry every weight) when the
+    temporary folder cannot be written."""
+    try:
+        return SharedWeights(graph.model)
+    except OSError as e:
+        logger.warning("%s: cannot write its weights to a temporary folder (%s); sessions will "
+                       "carry them, which is slower", graph.name, e)
+        return None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Evaluation:
     """Metrics of one model on one data set, with the primary metric singled out."""
@@ -155,7 +166,7 @@ class Evaluator:
             check_finite(feeds, source=data.source, batch=index, batch_size=batch_size)
         reference = create_session(graph.model, threads=threads, label=graph.name)
         large = sum(a.nbytes for a in graph.initializers.values() if a.nbytes >= 1 << 16)
-        self.shared = SharedWeights(graph.model) if large >= SHARE_WEIGHTS_ABOVE else None
+        self.shared = _shared_weights(graph) if large >= SHARE_WEIGHTS_ABOVE else None
         self.reference = self._outputs(reference)
         _check_outputs(self.reference, f"{data.source}: the reference model {graph.name!r}",
                        "check the model and its inputs")

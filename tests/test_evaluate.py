@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -183,3 +184,8 @@ def test_an_evaluator_of_a_weight_heavy_model_shares_its_weights(
     built = build_qdq(graph, calibrate(graph, digits.take(64)), profile,
                       make_assignment(graph, profile, {conv.name: "int8"}))
     assert sharing.evaluate(built).metrics == plain.evaluate(built).metrics
+    # no writable temporary folder: the evaluator carries the weights in every session
+    monkeypatch.setattr(tempfile, "tempdir", str(FIXTURES / "no-such-folder"))
+    unshared = Evaluator(graph, data)
+    assert unshared.shared is None
+    assert unshared.evaluate(built).metrics == plain.evaluate(built).metrics
