@@ -107,7 +107,7 @@ def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult
             continue
         try:
             assignment = uniform_assignment(graph, profile, fmt)
-        except QuantizationError:
+        except QuantizationError:  # a format the profile forbids where it would go
             continue
         if fmt not in assignment.values():  # a format no node of this model takes
             continue

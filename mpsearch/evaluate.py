@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -114,15 +115,25 @@ def is_proportion(metric: str) -> bool:
     return resolve_metric(metric).proportion
 
 
+#: The live :class:`SharedWeights` by graph fingerprint: the evaluators of one model's splits
+#: (search, held-out) share one file. (Only equal bytes are ever read from it.)
+_SHARED: weakref.WeakValueDictionary[str, SharedWeights] = weakref.WeakValueDictionary()
+
+
 def _shared_weights(graph: ModelGraph) -> SharedWeights | None:
-    """:class:`SharedWeights` of ``graph``, or None (sessions then carry every weight) when the
-    temporary folder cannot be written."""
+    """:class:`SharedWeights` of ``graph`` (the one already written, if it is alive), or None
+    (sessions then carry every weight) when the temporary folder cannot be written."""
+    shared = _SHARED.get(graph.fingerprint)
+    if shared is not None:
+        return shared
     try:
-        return SharedWeights(graph.model)
+        shared = SharedWeights(graph.model)
     except OSError as e:
         logger.warning("%s: cannot write its weights to a temporary folder (%s); sessions will "
                        "carry them, which is slower", graph.name, e)
         return None
+    _SHARED[graph.fingerprint] = shared
+    return shared
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

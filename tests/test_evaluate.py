@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 import tempfile
 from pathlib import Path
@@ -179,11 +180,16 @@ def test_an_evaluator_of_a_weight_heavy_model_shares_its_weights(
     monkeypatch.setattr(evaluate, "SHARE_WEIGHTS_ABOVE", 0)
     sharing = Evaluator(graph, data)
     assert sharing.shared is not None and sharing.shared.bytes > 0
+    assert Evaluator(graph, digits.take(50)).shared is sharing.shared  # one file a model
     profile = load_profile("x86_ort")
     conv = next(n for n in graph.quantizable_nodes() if n.op_type == "Conv")
     built = build_qdq(graph, calibrate(graph, digits.take(64)), profile,
                       make_assignment(graph, profile, {conv.name: "int8"}))
     assert sharing.evaluate(built).metrics == plain.evaluate(built).metrics
+    folder = Path(sharing.shared.folder)
+    del sharing  # the last evaluator holding the file: it goes with it
+    gc.collect()
+    assert not folder.exists()
     # no writable temporary folder: the evaluator carries the weights in every session
     monkeypatch.setattr(tempfile, "tempdir", str(FIXTURES / "no-such-folder"))
     unshared = Evaluator(graph, data)
