@@ -205,6 +205,13 @@ class Evaluator:
             out[self.primary.name] = self.primary.fn(outputs, reference, labels)
         return out
 
+    @property
+    def stand_ins(self) -> Mapping[str, onnx.TensorProto]:
+        """References to the shared weights a build may emit for the float initializers it
+        keeps (:meth:`mpsearch.quantize.Quantizer.build`); empty when nothing is shared.
+        Models built with them open only through :meth:`session`."""
+        return {} if self.shared is None else self.shared.stand_ins
+
     def session(self, model: onnx.ModelProto | bytes) -> Session:
         return create_session(model, threads=self.threads, label="candidate", shared=self.shared)
 

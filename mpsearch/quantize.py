@@ -268,9 +268,16 @@ class Quantizer:
         return _Stored(f"{name}__f16_f32", (half,), node, np.ones(1, np.float32))
 
     # -- the build ------------------------------------------------------------------------
-    def build(self, assignment: Mapping[str, str]) -> onnx.ModelProto:
-        """The QDQ model of ``assignment`` (node -> format; unlisted nodes stay float)."""
-        return _Build(self, plan_nodes(self.graph, self.profile, assignment)).model()
+    def build(self, assignment: Mapping[str, str], *,
+              stand_ins: Mapping[str, TensorProto] | None = None) -> onnx.ModelProto:
+        """The QDQ model of ``assignment`` (node -> format; unlisted nodes stay float).
+
+        ``stand_ins`` replace the graph's float initializers the build keeps unchanged, by
+        name (external-data references to a file holding the same bytes:
+        :attr:`mpsearch.runtime.SharedWeights.stand_ins`), so a configuration that leaves
+        most weights float does not copy them; the model then loads only with that file."""
+        plans = plan_nodes(self.graph, self.profile, assignment)
+        return _Build(self, plans).model(stand_ins or {})
 
 
 class _Build:
@@ -288,7 +295,7 @@ class _Build:
         self.tags: dict[str, list[str]] = {}  # tensor -> the tags of its Q/DQ pairs so far
         self.uses_ms = False
 
-    def model(self) -> onnx.ModelProto:
+    def model(self, stand_ins: Mapping[str, TensorProto]) -> onnx.ModelProto:
         graph = self.q.graph
         for name in graph.order:
             proto = graph.proto(name)
@@ -302,7 +309,7 @@ class _Build:
         used = {t for n in self.nodes for t in n.input}
         for init in graph.model.graph.initializer:
             if init.name in used and init.name not in self.inits:
-                self.inits[init.name] = init
+                self.inits[init.name] = stand_ins.get(init.name, init)
         return self._assemble(used)
 
     def _tag(self, tensor: str, spec: ActivationSpec) -> str:

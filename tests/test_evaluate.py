@@ -11,12 +11,14 @@ import numpy as np
 import onnx
 import pytest
 
-from mpsearch import build_qdq, calibrate, evaluate
+from mpsearch import Quantizer, build_qdq, calibrate, evaluate
+from mpsearch.analysis import Measurer
 from mpsearch.assignment import estimate_latency, make_assignment, uniform_assignment
 from mpsearch.data import Dataset
 from mpsearch.errors import DataError, SpecError
 from mpsearch.evaluate import METRICS, Evaluator, resolve_metric
 from mpsearch.graph import load_model
+from mpsearch.pipeline import prepare_inputs
 from mpsearch.profiles import load_profile
 from mpsearch.runtime import SharedWeights, create_session
 from mpsearch.summary import summarize
@@ -169,10 +171,39 @@ def test_shared_weights_give_bit_identical_sessions(digits: Dataset) -> None:
                                   create_session(built).run(feeds)["logits"])
 
 
+@pytest.mark.parametrize("recovery", [False, True], ids=["plain", "cle+bias-correction"])
+def test_builds_with_stand_ins_carry_no_shared_bytes_and_run_alike(
+        digits: Dataset, recovery: bool) -> None:
+    """A build given the shared weights' stand-ins emits references for the float weights it
+    keeps (no copy of their bytes): its session's outputs equal the full build's, for plain
+    and bias-corrected builds."""
+    prepared = prepare_inputs(FIXTURES / "mobilenetv2.onnx", "x86_ort", digits,
+                              calibration_samples=64, cle=recovery, bias_correction=recovery)
+    graph, profile, quantizer = prepared.graph, prepared.profile, prepared.quantizer()
+    shared = SharedWeights(graph.model, min_bytes=1 << 12)
+    large = {n for n, a in graph.initializers.items() if a.nbytes >= 1 << 12}
+    assert set(shared.stand_ins) == large and len(large) >= 10
+    convs = [n.name for n in graph.quantizable_nodes()
+             if n.op_type == "Conv" and n.weights[0] in large]
+    feeds = dict(digits.take(64).inputs)
+    output = graph.outputs[0].name
+    for formats, stored in (({}, 0), ({convs[1]: "int8"}, 1),
+                            ({convs[1]: "fp16w", convs[4]: "a16w16"}, 2),
+                            (dict(uniform_assignment(graph, profile, "int8")), len(large))):
+        light, full = (quantizer.build(formats, stand_ins=shared.stand_ins),
+                       quantizer.build(formats))
+        kept = [t for t in light.graph.initializer if t.name in large]
+        assert all(t == shared.stand_ins[t.name] and not t.raw_data for t in kept)
+        assert len(kept) == shared.externalize(full)[1] == len(large) - stored
+        np.testing.assert_array_equal(create_session(light, shared=shared).run(feeds)[output],
+                                      create_session(full).run(feeds)[output])
+
+
 def test_an_evaluator_of_a_weight_heavy_model_shares_its_weights(
         digits: Dataset, monkeypatch: pytest.MonkeyPatch) -> None:
     """Above SHARE_WEIGHTS_ABOVE bytes of large float weights (8 MB; lowered here for the
-    fixture) candidates' sessions share them, with the same metrics as without."""
+    fixture) candidates' sessions share them, and a measurer's builds carry stand-ins for
+    them, with the same metrics as without."""
     graph = load_model(FIXTURES / "resnet.onnx")
     data = digits.take(100)
     plain = Evaluator(graph, data)
@@ -186,6 +217,13 @@ def test_an_evaluator_of_a_weight_heavy_model_shares_its_weights(
     built = build_qdq(graph, calibrate(graph, digits.take(64)), profile,
                       make_assignment(graph, profile, {conv.name: "int8"}))
     assert sharing.evaluate(built).metrics == plain.evaluate(built).metrics
+    quantizer = Quantizer(graph, calibrate(graph, digits.take(64)), profile)
+    measurer = Measurer(quantizer, data)  # builds with stand-ins for the shared weights
+    assert measurer.evaluator.shared is sharing.shared and measurer.evaluator.stand_ins
+    for formats in ({conv.name: "int8"}, dict(uniform_assignment(graph, profile, "int16"))):
+        assert measurer.measure(formats).metrics == plain.evaluate(
+            quantizer.build(formats)).metrics
+    del measurer
     folder = Path(sharing.shared.folder)
     del sharing  # the last evaluator holding the file: it goes with it
     gc.collect()

@@ -267,7 +267,7 @@ class Measurer:
         if self._open is not None and self._open.key == base:
             return self._open
         start = time.perf_counter()
-        model = self.quantizer.build(formats)
+        model = self.quantizer.build(formats, stand_ins=self.evaluator.stand_ins)
         built = time.perf_counter()
         session = self.evaluator.session(model)
         self._open = _Open(key=base, session=session, outputs=[], build_s=built - start,

@@ -216,12 +216,13 @@ def _fold(model: onnx.ModelProto, proto: onnx.NodeProto, inits: dict[str, onnx.T
                         -(2**31), 2**31 - 1).astype(np.int32)
         inits[codes_name].CopyFrom(numpy_helper.from_array(codes, codes_name))
         return 1
-    if bias in inits:
-        array = numpy_helper.to_array(inits[bias])
-        if array.shape != target.shape:
+    if bias in inits:  # read by its header only: it may stand in for data in another file
+        stored = inits[bias]
+        if tuple(stored.dims) != target.shape:
             return 0
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(stored.data_type)
         name = f"{bias}__bc_{proto.name}"
-        model.graph.initializer.append(numpy_helper.from_array(target.astype(array.dtype), name))
+        model.graph.initializer.append(numpy_helper.from_array(target.astype(dtype), name))
         proto.input[2] = name
         return 1
     return 0

@@ -37,6 +37,8 @@ class CorrectedQuantizer(Quantizer):
         super().__init__(graph, table, profile, method=method)
         self.means = means
 
-    def build(self, assignment: Mapping[str, str]) -> onnx.ModelProto:
+    def build(self, assignment: Mapping[str, str], *,
+              stand_ins: Mapping[str, onnx.TensorProto] | None = None) -> onnx.ModelProto:
         """The bias-corrected QDQ model of ``assignment``."""
-        return correct_biases(super().build(assignment), self.graph, self.means)
+        return correct_biases(super().build(assignment, stand_ins=stand_ins), self.graph,
+                              self.means)
