@@ -338,11 +338,15 @@ def create_app(config: ServeConfig) -> Starlette:
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         app.queue.start()
         # the metric table comes with onnxruntime: import it now, not on the first model page
-        threading.Thread(target=metric_names, name="mpsearch-warmup", daemon=True).start()
+        warmup = threading.Thread(target=metric_names, name="mpsearch-warmup", daemon=True)
+        warmup.start()
         try:
             yield
         finally:
             await run_in_threadpool(app.queue.stop)
+            # an exit in the middle of onnxruntime's import aborts the process (a C++ thread
+            # torn down): a SIGTERM right after the start waits for the import to end
+            await run_in_threadpool(warmup.join)
 
     def checked(handler: Callable[[Request], Awaitable[Response]]
                 ) -> Callable[[Request], Awaitable[Response]]:
