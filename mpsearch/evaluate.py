@@ -176,6 +176,7 @@ class Evaluator:
         for index, feeds in enumerate(data.batches(batch_size)):
             check_finite(feeds, source=data.source, batch=index, batch_size=batch_size)
         reference = create_session(graph.model, threads=threads, label=graph.name)
+        self.fixed_batch = reference.fixed_batch
         large = sum(a.nbytes for a in graph.initializers.values() if a.nbytes >= 1 << 16)
         self.shared = _shared_weights(graph) if large >= SHARE_WEIGHTS_ABOVE else None
         self.reference = self._outputs(reference)

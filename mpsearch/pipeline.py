@@ -199,27 +199,33 @@ def _digest(value: Any) -> str:
 
 @contextmanager
 def _measuring(prepared: Prepared, data: Dataset, run: RunDir | None, name: str, *,
-               metric: str | None, batch_size: int, threads: int) -> Iterator[Measurer]:
+               metric: str | None, batch_size: int, threads: int,
+               prefix_samples: int | None = None) -> Iterator[Measurer]:
     """The measurer of one data split, its cache (in ``run`` when given) keyed by every input
-    it depends on and flushed when the block ends, however it ends."""
+    it depends on and flushed when the block ends, however it ends; ``prefix_samples``: see
+    :class:`~mpsearch.analysis.Measurer`."""
     key = {"mpsearch": __version__, "split": name, "model": prepared.graph.fingerprint,
            "table": prepared.table.data_fingerprint, "data": data.fingerprint,
            "samples": len(data), "profile": prepared.profile.name,
            "profile_digest": _digest(prepared.profile.to_dict()),
            "method": prepared.method, "metric": metric, "onnxruntime": ort_version(),
-           "bias_correction": prepared.means is not None}
+           "bias_correction": prepared.means is not None, "prefix_samples": prefix_samples}
     cache = MeasurementCache(None if run is None else run.measurements, name, key)
     try:
         yield Measurer(prepared.quantizer(), data, metric=metric, batch_size=batch_size,
-                       threads=threads, cache=cache, on_new=cache.changed)
+                       threads=threads, cache=cache, on_new=cache.changed,
+                       prefix_samples=prefix_samples)
     finally:
         cache.flush()
 
 
 def _spec_measuring(prepared: Prepared, spec: SearchSpec, data: Dataset, run: RunDir,
-                    name: str) -> AbstractContextManager[Measurer]:
+                    name: str, *, prefix: bool = False) -> AbstractContextManager[Measurer]:
+    """:func:`_measuring` with the spec's settings; ``prefix``: configurations measured on
+    the sensitivity samples run only what they change."""
     return _measuring(prepared, data, run, name, metric=spec.metric,
-                      batch_size=spec.batch_size, threads=spec.threads)
+                      batch_size=spec.batch_size, threads=spec.threads,
+                      prefix_samples=spec.sensitivity_limit if prefix else None)
 
 
 def _write_inputs(run: RunDir, spec: SearchSpec, prepared: Prepared, kind: str) -> None:
@@ -249,7 +255,7 @@ def analyze_prepared(
     run = None if run_dir is None else _rundir(run_dir).create()
     dataset = prepared.validation if data is None else data
     with _measuring(prepared, dataset, run, "validation", metric=metric,
-                    batch_size=batch_size, threads=threads) as measurer:
+                    batch_size=batch_size, threads=threads, prefix_samples=samples) as measurer:
         analysis = analyze(measurer, samples=samples, progress=progress, **options)
     if run is not None:
         _write_model_info(run, prepared)
@@ -299,7 +305,7 @@ def search_run(
     check_resume(spec, run.path, inputs, resume)  # before anything of the run dir is rewritten
     _write_inputs(run, spec, prepared, "search")
     _write_model_info(run, prepared)
-    with _spec_measuring(prepared, spec, search_data, run, "search") as measurer:
+    with _spec_measuring(prepared, spec, search_data, run, "search", prefix=True) as measurer:
         analysis = None
         if spec.analysis:  # the report's node-level views; the search reuses every row
             analysis = analyze(measurer, formats=spec.formats, samples=spec.sensitivity_limit,

@@ -24,7 +24,9 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+import onnx
 
+from mpsearch.analysis._prefix import Cut, FloatPrefix
 from mpsearch.data import Dataset
 from mpsearch.evaluate import Evaluator, resolve_metric
 from mpsearch.quantize import Quantizer
@@ -110,15 +112,18 @@ def assignment_key(formats: Mapping[str, str]) -> str:
 
 @dataclass(slots=True)
 class _Open:
-    """The configuration measured last: its session, the outputs gathered so far and the
-    seconds of its warm runs of full batches (every run but the session's first)."""
+    """The configuration measured last: its model, its session (opened on first need), the
+    part that differs from FP32 when that serves its first batch, the outputs gathered so far
+    and the seconds of its warm runs of full batches (every run but the session's first)."""
 
     key: str
-    session: Session
+    model: onnx.ModelProto
     outputs: list[np.ndarray]
     build_s: float
     session_s: float
     eval_s: float
+    session: Session | None = None
+    full_runs: int = 0
     warm_runs: list[float] = field(default_factory=list)
 
 
@@ -131,13 +136,19 @@ class Measurer:
     :meth:`Measurement.to_dict` rows; ``on_new`` is called after each new entry.
     ``evaluations`` counts the configurations measured (cache misses) and ``measured`` lists
     their cache keys in order.
+
+    ``prefix_samples`` (at most one batch): measurements on exactly that many first samples
+    run only the part of a configuration that differs from FP32, fed with FP32 tensors kept
+    once (:class:`~mpsearch.analysis._prefix.FloatPrefix`); their values are the whole
+    model's up to float rounding. None (default): every measurement runs the whole model.
+    ``partial_runs`` counts the measurements that ran a part.
     """
 
     def __init__(
         self, quantizer: Quantizer, data: Dataset, *, metric: str | None = None,
         batch_size: int = 64, threads: int = 2,
         cache: MutableMapping[str, Any] | None = None,
-        on_new: Callable[[], None] | None = None,
+        on_new: Callable[[], None] | None = None, prefix_samples: int | None = None,
     ) -> None:
         self.quantizer = quantizer
         self.data = data
@@ -149,6 +160,9 @@ class Measurer:
         self.evaluations = 0
         self.measured: list[str] = []
         self._evaluator: Evaluator | None = None
+        self.prefix_samples = prefix_samples
+        self.partial_runs = 0
+        self._prefix: FloatPrefix | None = None
         self._open: _Open | None = None
 
     @property
@@ -226,37 +240,66 @@ class Measurer:
         return self._run(self._continue(assignment_key(canonical), canonical), self.count(None))
 
     def _run(self, state: _Open, count: int) -> np.ndarray:
-        """The outputs of ``state``'s session on the first ``count`` samples, running only the
-        batches it has not run yet."""
+        """The outputs of ``state``'s configuration on the first ``count`` samples, running
+        only the batches it has not run yet: the first batch through the part that differs
+        from FP32 when the kept FP32 tensors are of that batch, every other one whole."""
         output = self.evaluator.output
         start = time.perf_counter()
         done = sum(len(part) for part in state.outputs)
+        prefix = None if self.prefix_samples is None else self.count(self.prefix_samples)
+        if done == 0 and count == prefix and count <= self.batch_size:
+            cut = self._cut(state)
+            if cut is not None:
+                state.outputs.append(self._run_cut(state, cut, count))
+                self.partial_runs += 1
+                done = count
         for feeds in self.data.batches(self.batch_size, start=done, stop=count):
+            session = self._session(state)
             run_start = time.perf_counter()
-            state.outputs.append(state.session.run(feeds, [output])[output])
+            state.outputs.append(session.run(feeds, [output])[output])
             rows = len(next(iter(feeds.values()))) if feeds else 0
-            if done and rows == self.batch_size:  # a warm run of a full batch: a latency
-                state.warm_runs.append(time.perf_counter() - run_start)
+            if rows == self.batch_size:
+                if state.full_runs:  # a warm run of a full batch: a latency
+                    state.warm_runs.append(time.perf_counter() - run_start)
+                state.full_runs += 1
             done += rows
         state.eval_s += time.perf_counter() - start
         return np.concatenate(state.outputs, axis=0)[:count]
+
+    def _cut(self, state: _Open) -> Cut | None:
+        """The part of ``state``'s model that differs from FP32 (None: run it whole)."""
+        if self.evaluator.fixed_batch is not None:
+            return None  # its tensors are gathered in chunks: not always batch-first
+        if self._prefix is None:
+            feeds = next(iter(self.data.batches(self.batch_size, stop=self.prefix_samples)))
+            self._prefix = FloatPrefix(self.quantizer.graph, feeds, threads=self.threads)
+        return self._prefix.cut(state.model, self.evaluator.output)
+
+    def _run_cut(self, state: _Open, cut: Cut, count: int) -> np.ndarray:
+        if cut.model is None:  # the configuration changes nothing the output depends on
+            return self.evaluator.reference[:count].copy()
+        start = time.perf_counter()
+        session = self.evaluator.session(cut.model)
+        state.session_s += time.perf_counter() - start
+        output = self.evaluator.output
+        return session.run(cut.feeds, [output])[output]
 
     def latency(self, formats: Mapping[str, str], *, batch: int = 1, repeat: int = 5) -> float:
         """Median seconds of one ONNX Runtime run of the model with ``formats`` on the first
         ``batch`` samples, of ``repeat`` timed runs; cached like the measurements (a rerun does
         not time again). The session of the configuration measured last is reused: timed at
-        the measuring batch size, the pass it just ran was the warm-up."""
+        the measuring batch size, its warm runs count and the pass it just ran was the
+        warm-up."""
         canonical = self.canonical(formats)
         base = assignment_key(canonical)
         batch = self.count(batch)
         key = f"{base}@latency{batch}"
         if key not in self.cache:
-            warm = (self._open is not None and self._open.key == base and bool(self._open.outputs)
-                    and batch == self.batch_size)
             state = self._continue(base, canonical)
+            warm = state.full_runs > 0 and batch == self.batch_size
             feeds = next(iter(self.data.batches(batch, stop=batch)))
-            seconds = state.session.time_batch(feeds, repeat, warmup=not warm,
-                                               timed=state.warm_runs if warm else ())
+            seconds = self._session(state).time_batch(
+                feeds, repeat, warmup=not warm, timed=state.warm_runs if warm else ())
             self.cache[key] = {"seconds": seconds, "batch": batch, "repeat": repeat}
             if self.on_new is not None:
                 self.on_new()
@@ -268,8 +311,14 @@ class Measurer:
             return self._open
         start = time.perf_counter()
         model = self.quantizer.build(formats, stand_ins=self.evaluator.stand_ins)
-        built = time.perf_counter()
-        session = self.evaluator.session(model)
-        self._open = _Open(key=base, session=session, outputs=[], build_s=built - start,
-                           session_s=time.perf_counter() - built, eval_s=0.0)
+        self._open = _Open(key=base, model=model, outputs=[],
+                           build_s=time.perf_counter() - start, session_s=0.0, eval_s=0.0)
         return self._open
+
+    def _session(self, state: _Open) -> Session:
+        """``state``'s session of the whole model, opened on first need."""
+        if state.session is None:
+            start = time.perf_counter()
+            state.session = self.evaluator.session(state.model)
+            state.session_s += time.perf_counter() - start
+        return state.session

@@ -1,0 +1,147 @@
+"""Prefix reuse: run only the part of a candidate that differs from the FP32 model.
+
+Consumes the FP32 :class:`~mpsearch.graph.ModelGraph`, one batch of samples and a built
+candidate; produces, for a candidate, the sub-model of what it changes. A configuration that
+quantizes one node leaves every node upstream of it (and beside it) in FP32: those nodes
+compute exactly what the FP32 model computes. :class:`FloatPrefix` runs the FP32 model once on
+the batch and keeps the tensors where such candidates leave it (within a memory budget);
+:meth:`FloatPrefix.cut` then finds a candidate's changed nodes (a node differs from the FP32
+node of the same outputs, or reads a tensor that does) and returns the model of those nodes
+alone, fed with the kept tensors, or says the candidate's output is the FP32 output.
+
+The sub-model's values are the candidate's up to float rounding: ONNX Runtime may fuse FP32
+nodes differently when some of their tensors are outputs (a fused LayerNorm, a MatMul and Add
+into one kernel). The search measures single-node and single-group configurations this way on
+its sensitivity samples only; every front point is re-measured whole on held-out data.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from mpsearch.graph import ModelGraph
+from mpsearch.runtime import create_session
+
+__all__ = ["PREFIX_BUDGET_BYTES", "RUN_AT_MOST", "Cut", "FloatPrefix"]
+
+logger = logging.getLogger(__name__)
+
+#: Memory for the kept FP32 tensors of one batch (the nodes whose candidates skip the most
+#: FP32 work are covered first).
+PREFIX_BUDGET_BYTES = 256 << 20
+#: A candidate whose changed part (with the FP32 nodes it recomputes) is more than this share
+#: of its nodes runs whole: a second session would cost more than the nodes it skips.
+RUN_AT_MOST = 0.8
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """What a candidate changes: ``model`` runs its changed nodes on ``feeds`` (kept FP32
+    tensors and graph inputs); ``model`` is None when the wanted output is not among them
+    (the candidate outputs exactly what the FP32 model does there)."""
+
+    model: onnx.ModelProto | None
+    feeds: Mapping[str, np.ndarray]
+    nodes: int
+
+
+class FloatPrefix:
+    """The FP32 tensors of one batch where single-node candidates of ``graph`` leave it."""
+
+    def __init__(self, graph: ModelGraph, feeds: Mapping[str, np.ndarray], *, threads: int = 2,
+                 budget: int = PREFIX_BUDGET_BYTES) -> None:
+        self.graph = graph
+        self.rows = len(next(iter(feeds.values()))) if feeds else 0
+        self._fp32 = {o: graph.model.graph.node[i] for i, o in _outputs(graph.model.graph)}
+        self._initializers = {t.name: t for t in graph.model.graph.initializer}
+        probe = {name: value[:1] for name, value in feeds.items()}
+        wanted = self._wanted(probe, threads, budget)
+        self.kept: dict[str, np.ndarray] = dict(feeds)
+        if wanted:
+            session = create_session(graph.model, threads=threads, extra_outputs=wanted,
+                                     label=f"{graph.name} (kept FP32 tensors)")
+            self.kept.update(session.run(feeds, wanted))
+        logger.debug("prefix reuse: %d FP32 tensors kept (%.0f MB) for %d samples",
+                     len(wanted), sum(v.nbytes for v in self.kept.values()) / 2**20, self.rows)
+
+    def _wanted(self, probe: Mapping[str, np.ndarray], threads: int, budget: int) -> list[str]:
+        """The tensors to keep, the smallest first while their bytes fit ``budget``: a
+        network's narrow tensors (block outputs, a transformer's residual stream) cut it
+        into short spans, so a candidate recomputes at most a span of FP32 nodes."""
+        graph = self.graph
+        activations = [o for name in graph.order for o in graph.proto(name).output if o]
+        session = create_session(graph.model, threads=threads, extra_outputs=activations,
+                                 label=graph.name)
+        sizes = {name: value.nbytes * self.rows
+                 for name, value in session.run(probe, activations).items()
+                 if isinstance(value, np.ndarray)}
+        chosen, used = [], 0
+        for name in sorted(sizes, key=lambda t: (sizes[t], t)):
+            if used + sizes[name] > budget:
+                break
+            chosen.append(name)
+            used += sizes[name]
+        return chosen
+
+    def cut(self, candidate: onnx.ModelProto, output: str) -> Cut | None:
+        """The part of ``candidate`` to run for ``output``: its nodes that differ from the FP32
+        model and the FP32 nodes between them and the nearest kept tensors. None when that is
+        most of the model (run it whole) or a node has a subgraph."""
+        graph = candidate.graph
+        clean: set[str] = {i.name for i in graph.input} | {""}
+        for tensor in graph.initializer:
+            original = self._initializers.get(tensor.name)
+            # a build keeps an unchanged float initializer's name (or emits its stand-in)
+            if original is not None and (tensor.data_location == onnx.TensorProto.EXTERNAL
+                                         or tensor == original):
+                clean.add(tensor.name)
+        changed: list[int] = []
+        producer: dict[str, int] = {}
+        for index, node in enumerate(graph.node):
+            if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                   for a in node.attribute):
+                return None  # outer-scope reads are not tracked
+            producer.update(dict.fromkeys(node.output, index))
+            fp32 = self._fp32.get(node.output[0]) if node.output else None
+            if fp32 is not None and node == fp32 and all(t in clean for t in node.input):
+                clean.update(node.output)
+            else:
+                changed.append(index)
+        if output in clean:
+            return Cut(model=None, feeds={}, nodes=0)
+        run = set(changed)
+        pending = [t for i in changed for t in graph.node[i].input]
+        while pending:  # FP32 nodes back to the kept tensors
+            tensor = pending.pop()
+            source = producer.get(tensor)
+            if source is None or source in run or tensor in self.kept:
+                continue
+            run.add(source)
+            pending.extend(graph.node[source].input)
+        if len(run) > RUN_AT_MOST * len(graph.node):
+            return None
+        nodes = [graph.node[i] for i in sorted(run)]
+        produced = {t for node in nodes for t in node.output}
+        read = set(t for node in nodes for t in node.input if t)
+        boundary = sorted(t for t in read if t not in produced and t in self.kept)
+        values = [helper.make_tensor_value_info(
+            t, helper.np_dtype_to_tensor_dtype(self.kept[t].dtype), self.kept[t].shape)
+            for t in boundary]
+        sub = helper.make_graph(
+            nodes, f"{graph.name}-changed", values, [o for o in graph.output if o.name == output],
+            initializer=[t for t in graph.initializer if t.name in read])
+        model = helper.make_model(sub, opset_imports=list(candidate.opset_import),
+                                  ir_version=candidate.ir_version,
+                                  producer_name=candidate.producer_name)
+        return Cut(model=model, feeds={t: self.kept[t] for t in boundary}, nodes=len(nodes))
+
+
+def _outputs(graph: onnx.GraphProto) -> list[tuple[int, str]]:
+    """(node index, first output) of every node of ``graph`` with an output."""
+    return [(i, node.output[0]) for i, node in enumerate(graph.node) if node.output]
