@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -93,14 +94,19 @@ def test_report_views_are_bounded_and_say_so(searched: SearchRun) -> None:
         assert measured == {n for (n, f), c in cost.items() if f == below and c >= floor > 0}
     assert 0 < len({n for n, f in cost if f == "int16"}) < nodes
     rows = len(analysis.sensitivity)
-    assert analysis.notes == (
+    assert analysis.notes[:4] == (
         f"every configuration measured on the first 64 of {search_split} samples",
         "a higher format measured only where the one below costs at least 10% of the worst "
         f"node's ({rows} of {len(formats) * nodes} rows)",
         f"reverse view: the {REPORT_VIEW_NODES} most sensitive of {nodes} nodes",
         f"curves: {REPORT_VIEW_NODES} evenly spaced of {nodes} steps")
+    partial = re.fullmatch(r"(\d+) configurations ran only the nodes they change, fed with FP32 "
+                           r"tensors \(the whole model's values up to float rounding\)",
+                           analysis.notes[4])
+    assert partial and 0 < int(partial[1]) <= rows and len(analysis.notes) == 5
     html = write_report(searched.run_dir).read_text()
-    assert "From subsets: every configuration measured on the first 64 of " in html
+    assert "Subsets and shortcuts: every configuration measured on the first 64 of " in html
+    assert "configurations ran only the nodes they change" in html
     assert "reverse view: the 16 most sensitive of 36 nodes" in html
     header = html[:html.index("<nav>")]  # title and the run line: names, never folders
     assert "<title>mpsearch report: demo.onnx</title>" in header

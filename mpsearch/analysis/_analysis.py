@@ -263,7 +263,7 @@ def analyze(
     :attr:`Analysis.notes`.
     """
     start = time.perf_counter()
-    before = measurer.evaluations
+    before, partial = measurer.evaluations, measurer.partial_runs
     thresholds = thresholds or Thresholds()
     quantizer = measurer.quantizer
     graph, profile = quantizer.graph, quantizer.profile
@@ -302,6 +302,10 @@ def analyze(
             notes.append(f"curves: {curve_max_steps} evenly spaced of {len(lowest)} steps")
     dists = (analyze_distributions(graph, profile, quantizer.table, formats=wanted,
                                    method=quantizer.method) if distributions else ())
+    if measurer.partial_runs > partial:
+        notes.append(f"{measurer.partial_runs - partial} configurations ran only the nodes they "
+                     "change, fed with FP32 tensors (the whole model's values up to float "
+                     "rounding)")
     fp32 = measurer.fp32(samples)
     analysis = Analysis(
         model=graph.name, profile=profile.name, metric=fp32.primary,

@@ -73,7 +73,8 @@ class FloatPrefix:
     def _wanted(self, probe: Mapping[str, np.ndarray], threads: int, budget: int) -> list[str]:
         """The tensors to keep, the smallest first while their bytes fit ``budget``: a
         network's narrow tensors (block outputs, a transformer's residual stream) cut it
-        into short spans, so a candidate recomputes at most a span of FP32 nodes."""
+        into short spans, so a candidate recomputes at most a span of FP32 nodes. Sizes are
+        weighed on one sample with every activation exposed (as calibration weighs one)."""
         graph = self.graph
         activations = [o for name in graph.order for o in graph.proto(name).output if o]
         session = create_session(graph.model, threads=threads, extra_outputs=activations,

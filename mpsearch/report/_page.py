@@ -312,7 +312,7 @@ def _sensitivity_html(charts: Mapping[str, Any], notes: Sequence[str] = ()) -> s
         return _not_run("Sensitivity analysis", "sensitivity.json", "Run `mpsearch analyze`.")
     reverse = (_REVERSE_NOTE + _chart("chart-reverse", charts) if "chart-reverse" in charts
                else _REVERSE_NOT_RUN)
-    subsets = ("" if not notes else '<p class="muted" id="analysis-notes">From subsets: '
+    subsets = ("" if not notes else '<p class="muted" id="analysis-notes">Subsets and shortcuts: '
                + "; ".join(esc(n) for n in notes) + ".</p>")
     return (_SENSITIVITY_NOTE + subsets + _chart("chart-sensitivity", charts)
             + '<h3 id="reverse">Gain when restored to FP32</h3>' + reverse)
