@@ -112,9 +112,10 @@ def assignment_key(formats: Mapping[str, str]) -> str:
 
 @dataclass(slots=True)
 class _Open:
-    """The configuration measured last: its model, its session (opened on first need), the
-    part that differs from FP32 when that serves its first batch, the outputs gathered so far
-    and the seconds of its warm runs of full batches (every run but the session's first)."""
+    """The configuration measured last: its model, its session of the whole model (opened on
+    first need: a first batch served by the part that differs from FP32 needs none), the
+    outputs gathered so far, how many full batches that session ran and the seconds of its
+    warm ones (every one but the first)."""
 
     key: str
     model: onnx.ModelProto
@@ -244,7 +245,7 @@ class Measurer:
         only the batches it has not run yet: the first batch through the part that differs
         from FP32 when the kept FP32 tensors are of that batch, every other one whole."""
         output = self.evaluator.output
-        start = time.perf_counter()
+        start, opening = time.perf_counter(), state.session_s
         done = sum(len(part) for part in state.outputs)
         prefix = None if self.prefix_samples is None else self.count(self.prefix_samples)
         if done == 0 and count == prefix and count <= self.batch_size:
@@ -263,7 +264,7 @@ class Measurer:
                     state.warm_runs.append(time.perf_counter() - run_start)
                 state.full_runs += 1
             done += rows
-        state.eval_s += time.perf_counter() - start
+        state.eval_s += time.perf_counter() - start - (state.session_s - opening)
         return np.concatenate(state.outputs, axis=0)[:count]
 
     def _cut(self, state: _Open) -> Cut | None:

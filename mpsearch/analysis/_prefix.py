@@ -4,15 +4,17 @@ Consumes the FP32 :class:`~mpsearch.graph.ModelGraph`, one batch of samples and 
 candidate; produces, for a candidate, the sub-model of what it changes. A configuration that
 quantizes one node leaves every node upstream of it (and beside it) in FP32: those nodes
 compute exactly what the FP32 model computes. :class:`FloatPrefix` runs the FP32 model once on
-the batch and keeps the tensors where such candidates leave it (within a memory budget);
-:meth:`FloatPrefix.cut` then finds a candidate's changed nodes (a node differs from the FP32
-node of the same outputs, or reads a tensor that does) and returns the model of those nodes
-alone, fed with the kept tensors, or says the candidate's output is the FP32 output.
+the batch and keeps its smallest tensors (within a memory budget: block outputs, a
+transformer's residual stream); :meth:`FloatPrefix.cut` then finds a candidate's changed nodes
+(a node differs from the FP32 node of the same outputs, or reads a tensor that does) and
+returns the model of those nodes and of the FP32 nodes between them and the nearest kept
+tensors, fed with those, or says the candidate's output is the FP32 output.
 
 The sub-model's values are the candidate's up to float rounding: ONNX Runtime may fuse FP32
 nodes differently when some of their tensors are outputs (a fused LayerNorm, a MatMul and Add
-into one kernel). The search measures single-node and single-group configurations this way on
-its sensitivity samples only; every front point is re-measured whole on held-out data.
+into one kernel). The search measures this way only on its sensitivity samples (the analysis
+rows, the group costs, and a trial's first race stage when the trial changes a small part of
+the model); every front point is re-measured whole on held-out data.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ RUN_AT_MOST = 0.8
 
 @dataclass(frozen=True, slots=True)
 class Cut:
-    """What a candidate changes: ``model`` runs its changed nodes on ``feeds`` (kept FP32
-    tensors and graph inputs); ``model`` is None when the wanted output is not among them
-    (the candidate outputs exactly what the FP32 model does there)."""
+    """The part of a candidate to run: ``model`` holds its ``nodes`` (the changed ones and the
+    FP32 nodes back to kept tensors) and reads ``feeds`` (kept FP32 tensors, graph inputs);
+    ``model`` is None when the wanted output reads nothing changed (it is the FP32 output)."""
 
     model: onnx.ModelProto | None
     feeds: Mapping[str, np.ndarray]
@@ -52,7 +54,8 @@ class Cut:
 
 
 class FloatPrefix:
-    """The FP32 tensors of one batch where single-node candidates of ``graph`` leave it."""
+    """FP32 tensors of ``graph`` on one batch (``feeds``), the smallest first within
+    ``budget`` bytes, and the cut of a candidate built from ``graph`` down to what it changes."""
 
     def __init__(self, graph: ModelGraph, feeds: Mapping[str, np.ndarray], *, threads: int = 2,
                  budget: int = PREFIX_BUDGET_BYTES) -> None:
