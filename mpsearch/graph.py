@@ -168,10 +168,6 @@ class ModelGraph:
         proto: onnx.NodeProto = self.digraph.nodes[name]["proto"]
         return proto
 
-    def downstream(self, name: str) -> frozenset[str]:
-        """Node ``name`` and every node reading, directly or not, what it computes."""
-        return frozenset(nx.descendants(self.digraph, name)) | {name}
-
     def quantizable_nodes(self) -> tuple[Node, ...]:
         return tuple(n for n in self.nodes.values() if n.quantizable)
 

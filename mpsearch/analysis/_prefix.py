@@ -34,8 +34,7 @@ __all__ = ["PREFIX_BUDGET_BYTES", "RUN_AT_MOST", "Cut", "FloatPrefix"]
 
 logger = logging.getLogger(__name__)
 
-#: Memory for the kept FP32 tensors of one batch (the nodes whose candidates skip the most
-#: FP32 work are covered first).
+#: Memory for the kept FP32 tensors of one batch (the smallest tensors are kept first).
 PREFIX_BUDGET_BYTES = 256 << 20
 #: A candidate whose changed part (with the FP32 nodes it recomputes) is more than this share
 #: of its nodes runs whole: a second session would cost more than the nodes it skips.
@@ -61,12 +60,12 @@ class FloatPrefix:
                  budget: int = PREFIX_BUDGET_BYTES) -> None:
         self.graph = graph
         self.rows = len(next(iter(feeds.values()))) if feeds else 0
-        self._fp32 = {o: graph.model.graph.node[i] for i, o in _outputs(graph.model.graph)}
+        self._fp32 = {node.output[0]: node for node in graph.model.graph.node if node.output}
         self._initializers = {t.name: t for t in graph.model.graph.initializer}
         probe = {name: value[:1] for name, value in feeds.items()}
         wanted = self._wanted(probe, threads, budget)
         self.kept: dict[str, np.ndarray] = dict(feeds)
-        if wanted:
+        if wanted:  # a session exposing only these: ORT fuses the rest as in the reference
             session = create_session(graph.model, threads=threads, extra_outputs=wanted,
                                      label=f"{graph.name} (kept FP32 tensors)")
             self.kept.update(session.run(feeds, wanted))
@@ -145,7 +144,3 @@ class FloatPrefix:
                                   producer_name=candidate.producer_name)
         return Cut(model=model, feeds={t: self.kept[t] for t in boundary}, nodes=len(nodes))
 
-
-def _outputs(graph: onnx.GraphProto) -> list[tuple[int, str]]:
-    """(node index, first output) of every node of ``graph`` with an output."""
-    return [(i, node.output[0]) for i, node in enumerate(graph.node) if node.output]
