@@ -175,7 +175,7 @@ class Evaluator:
                             "'labels' array or use metric 'agreement'")
         for index, feeds in enumerate(data.batches(batch_size)):
             check_finite(feeds, source=data.source, batch=index, batch_size=batch_size)
-        reference = create_session(graph.model, threads=threads, label=graph.name)
+        reference = create_session(graph.model, threads=threads, label=graph.name, pooled=True)
         self.fixed_batch = reference.fixed_batch
         large = sum(a.nbytes for a in graph.initializers.values() if a.nbytes >= 1 << 16)
         self.shared = _shared_weights(graph) if large >= SHARE_WEIGHTS_ABOVE else None
@@ -214,7 +214,8 @@ class Evaluator:
         return {} if self.shared is None else self.shared.stand_ins
 
     def session(self, model: onnx.ModelProto | bytes) -> Session:
-        return create_session(model, threads=self.threads, label="candidate", shared=self.shared)
+        return create_session(model, threads=self.threads, label="candidate", shared=self.shared,
+                              pooled=True)
 
     def outputs(self, model: onnx.ModelProto | bytes | Session) -> np.ndarray:
         """The primary output of ``model`` on every sample (rows aligned with ``reference``)."""

@@ -171,6 +171,29 @@ def test_shared_weights_give_bit_identical_sessions(digits: Dataset) -> None:
                                   create_session(built).run(feeds)["logits"])
 
 
+def test_pooled_sessions_run_bit_identically_and_own_their_outputs(digits: Dataset) -> None:
+    """Sessions drawing on the process's one memory pool (the measuring sessions) compute
+    exactly what sessions with their own arena compute, and an output returned earlier is not
+    overwritten when another pooled session (another model, reusing that memory) runs."""
+    graph = load_model(FIXTURES / "resnet.onnx")
+    profile = load_profile("x86_ort")
+    table = calibrate(graph, digits.take(64))
+    feeds = dict(digits.take(64).inputs)
+    models = [graph.model] + [build_qdq(graph, table, profile,
+                                        uniform_assignment(graph, profile, fmt))
+                              for fmt in ("int8", "int16")]
+    own = [create_session(m).run(feeds)["logits"] for m in models]
+    pooled = [create_session(m, pooled=True).run(feeds)["logits"] for m in models]
+    kept = [p.copy() for p in pooled]
+    for _ in range(2):  # the pool hands the same memory to the next sessions
+        for model in models:
+            create_session(model, pooled=True).run(feeds)
+    for a, b, c in zip(own, pooled, kept, strict=True):
+        np.testing.assert_array_equal(b, a)
+        np.testing.assert_array_equal(b, c)
+    assert not np.array_equal(own[0], own[1])  # the models differ: the check can fail
+
+
 @pytest.mark.parametrize("recovery", [False, True], ids=["plain", "cle+bias-correction"])
 def test_builds_with_stand_ins_carry_no_shared_bytes_and_run_alike(
         digits: Dataset, recovery: bool) -> None:

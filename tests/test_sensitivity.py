@@ -298,17 +298,19 @@ def test_cli_handler_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixt
     assert not (tmp_path / "run" / "report.html").exists()
 
 
-def test_latency_at_the_measuring_batch_counts_the_measurement_s_warm_runs(mlp: Prepared
-                                                                           ) -> None:
-    """A configuration just measured in four batches of 16 has three warm runs of that batch
-    (the session's first run is its warm-up): its latency at batch 16, three repeats, is their
-    median, with no run added."""
+def test_latency_at_the_measuring_batch_counts_the_measurement_s_runs(mlp: Prepared) -> None:
+    """A configuration just measured in four batches of 16 has four timed runs of that batch
+    (its session draws on the warm memory pool: no warm-up): its latency at batch 16, three
+    repeats, is the median of the last three, with no run added."""
     measurer = Measurer(mlp.quantizer(), mlp.validation, batch_size=16)
     formats = {node.name: "int8" for node in mlp.graph.quantizable_nodes()}
     measurer.measure(formats, samples=64)
-    warm = list(measurer._open.warm_runs)  # type: ignore[union-attr]
-    assert len(warm) == 3
-    assert measurer.latency(formats, batch=16, repeat=3) == float(np.median(warm))
+    state = measurer._open
+    assert state is not None
+    runs = list(state.full_runs)
+    assert len(runs) == 4
+    assert measurer.latency(formats, batch=16, repeat=3) == float(np.median(runs[-3:]))
+    assert state.full_runs == runs  # nothing ran again
 
 
 def test_outputs_of_the_configuration_just_measured_come_without_a_second_pass(

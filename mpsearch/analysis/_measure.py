@@ -114,8 +114,9 @@ def assignment_key(formats: Mapping[str, str]) -> str:
 class _Open:
     """The configuration measured last: its model, its session of the whole model (opened on
     first need: a first batch served by the part that differs from FP32 needs none), the
-    outputs gathered so far, how many full batches that session ran and the seconds of its
-    warm ones (every one but the first)."""
+    outputs gathered so far and the seconds of each full batch that session ran. Sessions
+    draw on the process's warm memory pool, so a first run times like the next ones
+    (measured: benchmarks/RESULTS.md, "One memory pool for the measuring sessions")."""
 
     key: str
     model: onnx.ModelProto
@@ -124,8 +125,7 @@ class _Open:
     session_s: float
     eval_s: float
     session: Session | None = None
-    full_runs: int = 0
-    warm_runs: list[float] = field(default_factory=list)
+    full_runs: list[float] = field(default_factory=list)
 
 
 class Measurer:
@@ -259,10 +259,8 @@ class Measurer:
             run_start = time.perf_counter()
             state.outputs.append(session.run(feeds, [output])[output])
             rows = len(next(iter(feeds.values()))) if feeds else 0
-            if rows == self.batch_size:
-                if state.full_runs:  # a warm run of a full batch: a latency
-                    state.warm_runs.append(time.perf_counter() - run_start)
-                state.full_runs += 1
+            if rows == self.batch_size:  # a full batch: a latency at the measuring batch
+                state.full_runs.append(time.perf_counter() - run_start)
             done += rows
         state.eval_s += time.perf_counter() - start - (state.session_s - opening)
         return np.concatenate(state.outputs, axis=0)[:count]
@@ -289,18 +287,18 @@ class Measurer:
         """Median seconds of one ONNX Runtime run of the model with ``formats`` on the first
         ``batch`` samples, of ``repeat`` timed runs; cached like the measurements (a rerun does
         not time again). The session of the configuration measured last is reused: timed at
-        the measuring batch size, its warm runs count and the pass it just ran was the
-        warm-up."""
+        the measuring batch size, the full batches it ran count towards ``repeat`` and need
+        no warm-up."""
         canonical = self.canonical(formats)
         base = assignment_key(canonical)
         batch = self.count(batch)
         key = f"{base}@latency{batch}"
         if key not in self.cache:
             state = self._continue(base, canonical)
-            warm = state.full_runs > 0 and batch == self.batch_size
+            timed = state.full_runs if batch == self.batch_size else []
             feeds = next(iter(self.data.batches(batch, stop=batch)))
-            seconds = self._session(state).time_batch(
-                feeds, repeat, warmup=not warm, timed=state.warm_runs if warm else ())
+            seconds = self._session(state).time_batch(feeds, repeat, warmup=not timed,
+                                                      timed=timed)
             self.cache[key] = {"seconds": seconds, "batch": batch, "repeat": repeat}
             if self.on_new is not None:
                 self.on_new()

@@ -34,8 +34,10 @@ __all__ = ["PREFIX_BUDGET_BYTES", "RUN_AT_MOST", "Cut", "FloatPrefix"]
 
 logger = logging.getLogger(__name__)
 
-#: Memory for the kept FP32 tensors of one batch (the smallest tensors are kept first).
-PREFIX_BUDGET_BYTES = 256 << 20
+#: Memory for the kept FP32 tensors of one batch (the smallest tensors are kept first). Measured
+#: on 46 single-node rows of YOLOv8n at 320x320, 32 samples: 20.1 s with 256 MB, 14.8 s with
+#: 512 MB (its early tensors fit), 12.3 s with 1 GB.
+PREFIX_BUDGET_BYTES = 512 << 20
 #: A candidate whose changed part (with the FP32 nodes it recomputes) is more than this share
 #: of its nodes runs whole: a second session would cost more than the nodes it skips.
 RUN_AT_MOST = 0.8
