@@ -7,7 +7,7 @@ split's measurer; produces the analysis files and the typed :class:`~mpsearch.ru
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypedDict
 
@@ -80,7 +80,8 @@ def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult
     graph, profile = held.quantizer.graph, held.quantizer.profile
     clock = _Clock(held, summary, spec.batch_size)
     fp32 = Baseline(metric=held.fp32().value, size=model_size(graph, profile, {}),
-                    latency_abs=clock.fp32_abs, **clock.latencies({}))
+                    latency_abs=clock.fp32_abs,
+                    **clock.latencies({}, runs=_searched_runs(searched_by, held, {})))
     int8 = uniform_assignment(graph, profile, profile.lowest_formats()[0])
     searched = {n for g in group_nodes(graph, profile, spec.formats) for n in g.nodes}
     points = []
@@ -90,7 +91,8 @@ def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult
             progress(Progress(stage="held-out", done=index, total=total, unit="point"))
         assignment = make_assignment(graph, profile, record.assignment)
         measured = held.measure(assignment)
-        latencies = clock.latencies(assignment)  # right after the pass: the session is warm
+        latencies = clock.latencies(assignment, runs=_searched_runs(searched_by, held,
+                                                                   assignment))
         point = _point(record, index, measured.metrics, held.evaluator.primary.name, int8,
                        searched)
         points.append(replace(point, interval=_interval(held, assignment, measured, spec.seed),
@@ -113,13 +115,27 @@ def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult
             continue
         metric = held.measure(assignment).value
         uniform[fmt] = Baseline(metric=metric, size=model_size(graph, profile, assignment),
-                                **clock.latencies(assignment))
+                                **clock.latencies(assignment, runs=_searched_runs(
+                                    searched_by, held, assignment)))
     return Front(metric=searched_by.evaluator.primary.name,
                  higher_is_better=searched_by.higher_is_better, objectives=spec.objectives,
                  fp32=fp32, uniform=uniform, points=tuple(points),
                  evaluations=result.evaluations, seconds=result.seconds, timing=result.timing,
                  latency_source=clock.source, latency_batch=clock.batch if clock.timed else None,
                  stopped=result.stopped)
+
+
+def _searched_runs(searched_by: Measurer, held: Measurer, assignment: Mapping[str, str]
+                   ) -> tuple[float, ...]:
+    """Seconds of the full batches ``searched_by`` ran measuring ``assignment`` on all of its
+    samples (a trial of the search split), when its batches are ``held``'s size: they time
+    the held-out latency at that batch too."""
+    if searched_by.batch_size != held.batch_size or searched_by.threads != held.threads:
+        return ()
+    if not held.canonical(assignment):  # FP32: the search split's reference outputs
+        return searched_by.evaluator.reference_runs
+    trial = searched_by.cached(assignment)
+    return () if trial is None else trial.runs
 
 
 class _Latencies(TypedDict, total=False):
@@ -155,7 +171,10 @@ class _Clock:
         """FP32's latency in the unit of the trials' latency objective."""
         return self.fp32_seconds if self.timed else self.fp32_estimate
 
-    def latencies(self, assignment: Mapping[str, str]) -> _Latencies:
+    def latencies(self, assignment: Mapping[str, str], runs: Sequence[float] = ()
+                  ) -> _Latencies:
+        """``assignment``'s latencies; ``runs``: seconds of full batches another measurer of
+        the spec's batch size timed (the search split's measurement of a front point)."""
         graph = self.held.quantizer.graph
         estimate = estimate_latency(graph, self.summary, self.profile, assignment)
         relative = (estimate / self.fp32_estimate
@@ -163,7 +182,7 @@ class _Clock:
         if not self.timed or not self.fp32_seconds:
             return {"latency": relative, "latency_estimate": relative}
         seconds = self.held.latency(assignment)
-        batch = self.held.latency(assignment, batch=self.batch, repeat=3)
+        batch = self.held.latency(assignment, batch=self.batch, repeat=3, runs=runs)
         return {"latency": seconds / self.fp32_seconds, "latency_estimate": relative,
                 "latency_ms": 1e3 * seconds, "batch_latency_ms": 1e3 * batch}
 

@@ -313,6 +313,33 @@ def test_latency_at_the_measuring_batch_counts_the_measurement_s_runs(mlp: Prepa
     assert state.full_runs == runs  # nothing ran again
 
 
+def test_latency_counts_the_runs_another_measurer_made_of_the_same_configuration(
+        mlp: Prepared) -> None:
+    """The held-out latency of a front point at the measuring batch also counts the full
+    batches its search-split measurement ran (kept in the measurement, through the cache's
+    JSON): two measurers of two batches each give four runs, and four repeats add none. The
+    FP32 model's counts the batches that made the two evaluators' reference outputs."""
+    search_data, held_data = mlp.validation.split(0.5, seed=0)
+    batch = min(len(search_data), len(held_data)) // 2
+    searched = Measurer(mlp.quantizer(), search_data.take(2 * batch), batch_size=batch)
+    held = Measurer(mlp.quantizer(), held_data.take(2 * batch), batch_size=batch)
+    formats = {node.name: "int16" for node in mlp.graph.quantizable_nodes()}
+    measured = searched.measure(formats)
+    trial = Measurement.from_dict(json.loads(json.dumps(measured.to_dict())))
+    assert len(trial.runs) == 2 and trial.runs == measured.runs
+    held.measure(formats)
+    state = held._open
+    assert state is not None and len(state.full_runs) == 2
+    seconds = held.latency(formats, batch=batch, repeat=4, runs=trial.runs)
+    assert seconds == float(np.median([*trial.runs, *state.full_runs]))
+    assert len(state.full_runs) == 2
+    # the FP32 model's: the runs that made each evaluator's reference outputs
+    reference = [*searched.evaluator.reference_runs, *held.evaluator.reference_runs]
+    assert len(reference) == 4
+    assert held.latency({}, batch=batch, repeat=4,
+                        runs=searched.evaluator.reference_runs) == float(np.median(reference))
+
+
 def test_outputs_of_the_configuration_just_measured_come_without_a_second_pass(
         mlp: Prepared) -> None:
     """The held-out bootstrap interval resamples the outputs the measurement gathered: equal

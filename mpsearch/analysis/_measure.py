@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -37,7 +37,8 @@ __all__ = ["Measurement", "Measurer", "assignment_key", "output_kl"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Measurement:
-    """Metrics of one assignment against FP32, with where the time went."""
+    """Metrics of one assignment against FP32, with where the time went; ``runs``: seconds of
+    each full batch its session ran (latencies at the measuring batch size)."""
 
     metrics: Mapping[str, float]
     primary: str
@@ -46,6 +47,7 @@ class Measurement:
     build_s: float = 0.0
     session_s: float = 0.0
     eval_s: float = 0.0
+    runs: tuple[float, ...] = ()
 
     @property
     def value(self) -> float:
@@ -70,7 +72,7 @@ class Measurement:
     def to_dict(self) -> dict[str, Any]:
         return {"metrics": dict(self.metrics), "primary": self.primary, "kl": self.kl,
                 "samples": self.samples, "build_s": self.build_s,
-                "session_s": self.session_s, "eval_s": self.eval_s}
+                "session_s": self.session_s, "eval_s": self.eval_s, "runs": list(self.runs)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
@@ -81,7 +83,8 @@ class Measurement:
                    kl=data.get("kl"), samples=int(data.get("samples", 0)),
                    build_s=float(data.get("build_s", 0.0)),
                    session_s=float(data.get("session_s", 0.0)),
-                   eval_s=float(data.get("eval_s", 0.0)))
+                   eval_s=float(data.get("eval_s", 0.0)),
+                   runs=tuple(float(t) for t in data.get("runs", ())))
 
 
 def output_kl(reference: np.ndarray, outputs: np.ndarray) -> float | None:
@@ -218,7 +221,8 @@ class Measurer:
         result = Measurement(
             metrics=MappingProxyType(evaluator.metrics(outputs)), primary=evaluator.primary.name,
             kl=output_kl(evaluator.reference[:count], outputs), samples=len(outputs),
-            build_s=state.build_s, session_s=state.session_s, eval_s=state.eval_s)
+            build_s=state.build_s, session_s=state.session_s, eval_s=state.eval_s,
+            runs=tuple(state.full_runs))
         self.evaluations += 1
         self.measured.append(key)
         self.cache[key] = result.to_dict()
@@ -283,19 +287,26 @@ class Measurer:
         output = self.evaluator.output
         return session.run(cut.feeds, [output])[output]
 
-    def latency(self, formats: Mapping[str, str], *, batch: int = 1, repeat: int = 5) -> float:
+    def latency(self, formats: Mapping[str, str], *, batch: int = 1, repeat: int = 5,
+                runs: Sequence[float] = ()) -> float:
         """Median seconds of one ONNX Runtime run of the model with ``formats`` on the first
         ``batch`` samples, of ``repeat`` timed runs; cached like the measurements (a rerun does
         not time again). The session of the configuration measured last is reused: timed at
         the measuring batch size, the full batches it ran count towards ``repeat`` and need
-        no warm-up."""
+        no warm-up, as do ``runs`` (:attr:`Measurement.runs` of this configuration measured
+        by another measurer of the same batch size, on other data of the same shapes); the
+        FP32 model's also counts the runs that made the evaluator's reference outputs."""
         canonical = self.canonical(formats)
         base = assignment_key(canonical)
         batch = self.count(batch)
         key = f"{base}@latency{batch}"
         if key not in self.cache:
             state = self._continue(base, canonical)
-            timed = state.full_runs if batch == self.batch_size else []
+            timed: list[float] = []
+            if batch == self.batch_size:  # full batches already timed at this size
+                timed = [*runs, *state.full_runs]
+                if not canonical:  # the FP32 model: the runs that made the reference too
+                    timed += self.evaluator.reference_runs
             feeds = next(iter(self.data.batches(batch, stop=batch)))
             seconds = self._session(state).time_batch(feeds, repeat, warmup=not timed,
                                                       timed=timed)
