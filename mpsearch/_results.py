@@ -127,15 +127,12 @@ def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult
 
 def _searched_runs(searched_by: Measurer, held: Measurer, assignment: Mapping[str, str]
                    ) -> tuple[float, ...]:
-    """Seconds of the full batches ``searched_by`` ran measuring ``assignment`` on all of its
-    samples (a trial of the search split), when its batches are ``held``'s size: they time
+    """:meth:`~mpsearch.analysis.Measurer.timed_runs` of ``searched_by`` (a trial of the
+    search split, or FP32's reference runs) when its batches are ``held``'s size: they time
     the held-out latency at that batch too."""
     if searched_by.batch_size != held.batch_size or searched_by.threads != held.threads:
         return ()
-    if not held.canonical(assignment):  # FP32: the search split's reference outputs
-        return searched_by.evaluator.reference_runs
-    trial = searched_by.cached(assignment)
-    return () if trial is None else trial.runs
+    return searched_by.timed_runs(assignment)
 
 
 class _Latencies(TypedDict, total=False):

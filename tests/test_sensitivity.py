@@ -327,6 +327,7 @@ def test_latency_counts_the_runs_another_measurer_made_of_the_same_configuration
     measured = searched.measure(formats)
     trial = Measurement.from_dict(json.loads(json.dumps(measured.to_dict())))
     assert len(trial.runs) == 2 and trial.runs == measured.runs
+    assert searched.timed_runs(formats) == measured.runs
     held.measure(formats)
     state = held._open
     assert state is not None and len(state.full_runs) == 2
@@ -336,8 +337,9 @@ def test_latency_counts_the_runs_another_measurer_made_of_the_same_configuration
     # the FP32 model's: the runs that made each evaluator's reference outputs
     reference = [*searched.evaluator.reference_runs, *held.evaluator.reference_runs]
     assert len(reference) == 4
+    assert searched.timed_runs({}) == searched.evaluator.reference_runs
     assert held.latency({}, batch=batch, repeat=4,
-                        runs=searched.evaluator.reference_runs) == float(np.median(reference))
+                        runs=searched.timed_runs({})) == float(np.median(reference))
 
 
 def test_outputs_of_the_configuration_just_measured_come_without_a_second_pass(

@@ -292,10 +292,10 @@ class Measurer:
         """Median seconds of one ONNX Runtime run of the model with ``formats`` on the first
         ``batch`` samples, of ``repeat`` timed runs; cached like the measurements (a rerun does
         not time again). The session of the configuration measured last is reused: timed at
-        the measuring batch size, the full batches it ran count towards ``repeat`` and need
-        no warm-up, as do ``runs`` (:attr:`Measurement.runs` of this configuration measured
-        by another measurer of the same batch size, on other data of the same shapes); the
-        FP32 model's also counts the runs that made the evaluator's reference outputs."""
+        the measuring batch size, the full batches it ran (else :meth:`timed_runs`) count
+        towards ``repeat`` and need no warm-up, as do ``runs`` (another measurer's
+        :meth:`timed_runs` of this configuration: same batch size, other data of the same
+        shapes)."""
         canonical = self.canonical(formats)
         base = assignment_key(canonical)
         batch = self.count(batch)
@@ -304,9 +304,7 @@ class Measurer:
             state = self._continue(base, canonical)
             timed: list[float] = []
             if batch == self.batch_size:  # full batches already timed at this size
-                timed = [*runs, *state.full_runs]
-                if not canonical:  # the FP32 model: the runs that made the reference too
-                    timed += self.evaluator.reference_runs
+                timed = [*runs, *(state.full_runs or self.timed_runs(canonical))]
             feeds = next(iter(self.data.batches(batch, stop=batch)))
             seconds = self._session(state).time_batch(feeds, repeat, warmup=not timed,
                                                       timed=timed)
@@ -314,6 +312,15 @@ class Measurer:
             if self.on_new is not None:
                 self.on_new()
         return float(self.cache[key]["seconds"])
+
+    def timed_runs(self, formats: Mapping[str, str]) -> tuple[float, ...]:
+        """Seconds of the full batches this measurer ran of the model with ``formats`` on all
+        its samples: its measurement's, or the FP32 model's runs that made the evaluator's
+        reference outputs; empty when it has not measured that configuration whole."""
+        if not self.canonical(formats):
+            return self.evaluator.reference_runs
+        measured = self.cached(formats)
+        return () if measured is None else measured.runs
 
     def _continue(self, base: str, formats: Mapping[str, str]) -> _Open:
         """The open state of ``base`` (the configuration measured last), else a new one."""
