@@ -287,14 +287,18 @@ WEIGHT_QUANTIZED_AFTER_DQ = frozenset({"Conv", "ConvTranspose", "Gemm"})
 GRID_PRESERVING = frozenset({"MaxPool", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice"})
 
 
-def float_weight_channels(graph: ModelGraph, node: Node) -> tuple[int, int] | None:
+def float_weight_channels(graph: ModelGraph, node: Node,
+                          plan: NodePlan | None = None) -> tuple[int, int] | None:
     """(axis, size) of the first input's channel axis of a float Conv, ConvTranspose or Gemm
-    with a float initializer weight: where such a node reads a quantized tensor (directly or
-    through :data:`GRID_PRESERVING` ops), the QDQ model gives it a DequantizeLinear with the
-    scale repeated along that axis, so ONNX Runtime leaves its weight float (see
+    with a float initializer weight, unplanned or ``plan``-ned in a format that reads float32
+    activations as they are (fp16w: its float16 weight is a Cast that ONNX Runtime folds into a
+    float initializer at load): where such a node reads a quantized tensor (directly or through
+    :data:`GRID_PRESERVING` ops), the QDQ model gives it a DequantizeLinear with the scale
+    repeated along that axis, so ONNX Runtime leaves its weight float (see
     :data:`WEIGHT_QUANTIZED_AFTER_DQ`). None for any other node."""
     if (node.op_type not in WEIGHT_QUANTIZED_AFTER_DQ or node.domain not in ("", "ai.onnx")
-            or len(node.inputs) < 2):
+            or len(node.inputs) < 2
+            or (plan is not None and plan.fmt.activation.dtype != "float32")):
         return None
     weight = graph.initializers.get(node.inputs[1])
     if weight is None or weight.dtype != np.float32 or weight.ndim < 2:
@@ -318,6 +322,11 @@ def model_size(graph: ModelGraph, profile: HardwareProfile, assignment: Mapping[
     for node in graph.nodes.values():
         plan = planned.get(node.name)
         replaced: set[str] = set()
+        if (per_axis := float_weight_channels(graph, node, plan)) is not None:
+            read = carried.get(node.inputs[0])
+            if read is not None and not _float(read):  # its own per-axis DequantizeLinear
+                stored[(node.inputs[0], read, per_axis[0])] = per_axis[1] * (
+                    4 + _BYTES[read.dtype])
         if plan is not None:
             for weight, fmt in plan.weights:
                 channels, axis = weight_channels(graph, profile, node, weight, fmt)
@@ -339,11 +348,6 @@ def model_size(graph: ModelGraph, profile: HardwareProfile, assignment: Mapping[
             replaced |= {plan.bias} if plan.bias else set()
             if plan.clamped_by_q:  # an Identity replaces it: its Clip bounds are not stored
                 replaced |= set(node.inputs[1:])
-        elif (per_axis := float_weight_channels(graph, node)) is not None:
-            read = carried.get(node.inputs[0])
-            if read is not None and not _float(read):  # its own per-axis DequantizeLinear
-                stored[(node.inputs[0], read, per_axis[0])] = per_axis[1] * (
-                    4 + _BYTES[read.dtype])
         elif (node.op_type in GRID_PRESERVING and node.domain in ("", "ai.onnx") and node.inputs
               and node.inputs[0] in carried):
             carried[node.outputs[0]] = carried[node.inputs[0]]

@@ -54,9 +54,11 @@ from mpsearch.progress import Reporter
 from mpsearch.quantize import Quantizer
 from mpsearch.recovery import (
     CorrectedQuantizer,
+    InputHessians,
     InputMeans,
     channel_maxima,
     equalize,
+    input_hessians,
     input_means,
     smooth,
 )
@@ -97,11 +99,12 @@ class Prepared:
     table: CalibrationTable
     method: str
     means: InputMeans | None = None  # set when builds are bias-corrected
+    hessians: InputHessians | None = None  # set when builds round weights by GPTQ
 
     def quantizer(self) -> Quantizer:
-        if self.means is not None:
+        if self.means is not None or self.hessians is not None:
             return CorrectedQuantizer(self.graph, self.table, self.profile, means=self.means,
-                                      method=self.method)
+                                      hessians=self.hessians, method=self.method)
         return Quantizer(self.graph, self.table, self.profile, method=self.method)
 
 
@@ -128,6 +131,7 @@ def prepare_inputs(
     progress: Reporter | None = None,
     cle: bool = False,
     bias_correction: bool = False,
+    gptq: bool = False,
     smoothquant: bool = False,
     smoothquant_alpha: float = 0.5,
 ) -> Prepared:
@@ -137,8 +141,8 @@ def prepare_inputs(
     after loading; ``smoothquant`` then migrates LayerNorm outputs' per-channel ranges into
     the MatMul/Gemm weights reading them, from the calibration split's channel maxima
     (``smoothquant_alpha``: migration strength), so calibration sees the smoothed graph;
-    ``bias_correction`` corrects every build from the calibration split
-    (:mod:`mpsearch.recovery`)."""
+    ``gptq`` rounds every build's 8-bit weights by GPTQ and ``bias_correction`` corrects its
+    biases, both from the calibration split (:mod:`mpsearch.recovery`)."""
     graph = model if isinstance(model, ModelGraph) else load_model(model)
     if cle:
         graph = equalize(graph)
@@ -162,8 +166,10 @@ def prepare_inputs(
         table = calibrate(graph, calib, **options)
     logger.info("calibrated %d tensors on %d samples", len(table.tensors), len(calib))
     means = input_means(graph, calib, threads=threads) if bias_correction else None
+    hessians = input_hessians(graph, calib, threads=threads) if gptq else None
     return Prepared(graph=graph, summary=summarize(graph), profile=hw, calibration=calib,
-                    validation=valid, table=table, method=method, means=means)
+                    validation=valid, table=table, method=method, means=means,
+                    hessians=hessians)
 
 
 def prepare(spec: SearchSpec, run_dir: RunDir | str | Path | None = None, *,
@@ -174,9 +180,13 @@ def prepare(spec: SearchSpec, run_dir: RunDir | str | Path | None = None, *,
                           calibration_samples=spec.calibration_samples, method=spec.method,
                           seed=spec.data_seed, threads=spec.threads,
                           cache_dir=None if run is None else run.calibration, progress=progress,
-                          cle=spec.cle, bias_correction=spec.bias_correction,
-                          smoothquant=spec.smoothquant,
-                          smoothquant_alpha=spec.smoothquant_alpha)
+                          **_recovery(spec))
+
+
+def _recovery(spec: SearchSpec) -> dict[str, Any]:
+    """The spec's ``recovery`` settings as :func:`prepare_inputs` takes them."""
+    return dict(cle=spec.cle, bias_correction=spec.bias_correction, gptq=spec.gptq,
+                smoothquant=spec.smoothquant, smoothquant_alpha=spec.smoothquant_alpha)
 
 
 def _rundir(run_dir: RunDir | str | Path) -> RunDir:
@@ -209,7 +219,8 @@ def _measuring(prepared: Prepared, data: Dataset, run: RunDir | None, name: str,
            "samples": len(data), "profile": prepared.profile.name,
            "profile_digest": _digest(prepared.profile.to_dict()),
            "method": prepared.method, "metric": metric, "onnxruntime": ort_version(),
-           "bias_correction": prepared.means is not None, "prefix_samples": prefix_samples}
+           "bias_correction": prepared.means is not None,
+           "gptq": prepared.hessians is not None, "prefix_samples": prefix_samples}
     cache = MeasurementCache(None if run is None else run.measurements, name, key)
     try:
         yield Measurer(prepared.quantizer(), data, metric=metric, batch_size=batch_size,
@@ -426,9 +437,7 @@ def quantize_one(spec: SearchSpec, out: str | Path, *, uniform: str | None = Non
     prepared = prepare_inputs(graph, profile, spec.data,
                               calibration_samples=spec.calibration_samples, method=spec.method,
                               seed=spec.data_seed, threads=spec.threads, progress=progress,
-                              cle=spec.cle, bias_correction=spec.bias_correction,
-                              smoothquant=spec.smoothquant,
-                              smoothquant_alpha=spec.smoothquant_alpha)
+                              **_recovery(spec))
     return _build(prepared, chosen, out, prepared.validation, spec)
 
 

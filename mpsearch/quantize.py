@@ -39,7 +39,7 @@ from mpsearch.profiles import HardwareProfile, TensorFormat
 if TYPE_CHECKING:
     from mpsearch.calibration import CalibrationTable
 
-__all__ = ["Quantizer", "build_qdq", "qparams"]
+__all__ = ["Quantizer", "build_qdq", "code_range", "qparams"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +68,7 @@ def qparams(
     ``narrow_range`` then has nothing to drop. ``min_scale`` raises the scale where it is
     smaller (a weight whose int32 bias would not fit otherwise).
     """
-    qmin, qmax = reduced_range(dtype) if reduce_range else _RANGE[dtype]
-    if narrow_range and qmin < 0 and not reduce_range:
-        qmin += 1
+    qmin, qmax = code_range(dtype, narrow_range=narrow_range, reduce_range=reduce_range)
     lo = np.minimum(np.asarray(lo, dtype=np.float64), 0.0)
     hi = np.maximum(np.asarray(hi, dtype=np.float64), 0.0)
     if symmetric:
@@ -92,6 +90,16 @@ def qparams(
     if zero is None:
         zero = np.clip(np.round(qmin - lo / scale), qmin, qmax)
     return scale.astype(np.float32), zero.astype(_NP[dtype])
+
+
+def code_range(dtype: str, *, narrow_range: bool = False, reduce_range: bool = False
+               ) -> tuple[int, int]:
+    """(qmin, qmax) of a grid of ``dtype``: :func:`reduced_range` when ``reduce_range``, else
+    the type's range without its most negative code when ``narrow_range``."""
+    qmin, qmax = reduced_range(dtype) if reduce_range else _RANGE[dtype]
+    if narrow_range and qmin < 0 and not reduce_range:
+        qmin += 1
+    return qmin, qmax
 
 
 def reduced_range(dtype: str) -> tuple[int, int]:
@@ -188,13 +196,20 @@ class Quantizer:
                                   reduce_range=fmt.reduce_range, min_scale=min_scale)
             if axis is None:
                 scale, zero = scale.reshape(()), zero.reshape(())
-            codes = _quantize_array(array, scale, zero, fmt.dtype, axis)
+            codes = self._weight_codes(node, array, scale, zero, fmt, axis)
             name = f"{weight}__{_CODE[fmt.dtype]}{'' if axis is None else f'c{axis}'}"
             if min_scale is not None:
                 name = f"{name}__{node.name}"
             stored = self._dequantized(self._unique(name), codes, scale, zero, axis, fmt.dtype)
         self._weights[key] = stored
         return stored
+
+    def _weight_codes(self, node: Node, array: np.ndarray, scale: np.ndarray, zero: np.ndarray,
+                      fmt: TensorFormat, axis: int | None) -> np.ndarray:
+        """``node``'s weight ``array`` on the grid (``scale``, ``zero`` along ``axis``), as
+        ``fmt.dtype`` codes: rounded to nearest here; a subclass may round otherwise on the
+        same grid (:class:`~mpsearch.recovery.CorrectedQuantizer`)."""
+        return _quantize_array(array, scale, zero, fmt.dtype, axis)
 
     def _unique(self, name: str) -> str:
         """``name``, or ``name_2``, ``name_3``... when another stored tensor has it (two formats
@@ -341,20 +356,22 @@ class _Build:
                 self.nodes[i] = edited
 
     def _float_weights_read_per_axis(self) -> None:
-        """A float Conv, ConvTranspose or Gemm that reads a quantized tensor, directly or
-        through ops ONNX Runtime moves DequantizeLinear across, reads it through its own
-        DequantizeLinear with the scale and zero point repeated along the channel axis (the
-        same values; a Q/DQ pair of them where data movement comes between, exact as the values
-        are on that grid): ONNX Runtime would otherwise quantize its float weight to per-tensor
-        int8 (:data:`~mpsearch.assignment.WEIGHT_QUANTIZED_AFTER_DQ`)."""
+        """A float Conv, ConvTranspose or Gemm (unplanned, or in a float format: float16-stored
+        weights are a Cast ONNX Runtime folds to a float initializer at load) that reads a
+        quantized tensor, directly or through ops ONNX Runtime moves DequantizeLinear across,
+        reads it through its own DequantizeLinear with the scale and zero point repeated along
+        the channel axis (the same values; a Q/DQ pair of them where data movement comes
+        between, exact as the values are on that grid): ONNX Runtime would otherwise quantize
+        its float weight to per-tensor int8
+        (:data:`~mpsearch.assignment.WEIGHT_QUANTIZED_AFTER_DQ`)."""
         graph = self.q.graph
         producers = {o: n for n in self.nodes for o in n.output}
         made: dict[tuple[str, int], str] = {}
         out: list[onnx.NodeProto] = []
         for proto in self.nodes:
             node = graph.nodes.get(proto.name)
-            channels = None if node is None or node.name in self.plans else (
-                float_weight_channels(graph, node))
+            channels = None if node is None else float_weight_channels(
+                graph, node, self.plans.get(proto.name))
             dq = None if channels is None else self._grid_source(proto.input[0], producers)
             if channels is None or dq is None:
                 out.append(proto)

@@ -14,7 +14,7 @@ Parsed once, strictly, at the edge: an unknown key is an error with the file, th
     sampler: auto
     seed: 0
     recovery: {cle: false, bias_correction: false,   # accuracy recovery (mpsearch.recovery)
-               smoothquant: false, smoothquant_alpha: 0.5}
+               gptq: false, smoothquant: false, smoothquant_alpha: 0.5}
 """
 
 from __future__ import annotations
@@ -118,6 +118,7 @@ class SearchSpec:
     explore: float = 0.5
     cle: bool = False
     bias_correction: bool = False
+    gptq: bool = False
     smoothquant: bool = False
     smoothquant_alpha: float = 0.5
     path: str | None = None
@@ -149,7 +150,7 @@ class SearchSpec:
             "analysis": self.analysis, "seeding": self.seeding, "explore": self.explore,
             "name": self.name,
             "recovery": {"cle": self.cle, "bias_correction": self.bias_correction,
-                         "smoothquant": self.smoothquant,
+                         "gptq": self.gptq, "smoothquant": self.smoothquant,
                          "smoothquant_alpha": self.smoothquant_alpha},
         }
         return yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
@@ -209,7 +210,7 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     evaluation.check_keys(("batch_size", "threads", "chunks", "sensitivity_samples",
                            "search_score"))
     recovery = root.section("recovery", default=None)
-    recovery.check_keys(("cle", "bias_correction", "smoothquant", "smoothquant_alpha"))
+    recovery.check_keys(("cle", "bias_correction", "gptq", "smoothquant", "smoothquant_alpha"))
     profile = root.get_str("profile")
     if profile.endswith((".yaml", ".yml")):
         profile = str((base / profile).resolve())
@@ -253,6 +254,7 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
         explore=_fraction(root, "explore", 0.5),
         cle=recovery.get_bool("cle", False),
         bias_correction=recovery.get_bool("bias_correction", False),
+        gptq=recovery.get_bool("gptq", False),
         smoothquant=recovery.get_bool("smoothquant", False),
         smoothquant_alpha=_alpha(recovery),
         path=file,

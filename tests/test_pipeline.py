@@ -297,18 +297,20 @@ def test_interrupted_trial_and_torn_journal_line_are_recovered(tmp_path: Path) -
 
 
 def test_recovery_runs_through_search_and_export(tmp_path: Path) -> None:
-    """recovery: {cle, bias_correction, smoothquant} reaches the run's spec, keys its
-    measurements and makes the exported model the bias-corrected build (only int32 bias codes
-    differ from plain; the demo model has no LayerNorm, so smoothing changes nothing)."""
-    spec = _spec(trials=4, analysis=False, cle=True, bias_correction=True, smoothquant=True,
-                 smoothquant_alpha=0.75)
+    """recovery: {cle, bias_correction, gptq, smoothquant} reaches the run's spec, keys its
+    measurements and makes the exported model the corrected build: only integer codes differ
+    from plain (GPTQ's weight codes, the corrected int32 biases), every scale and zero point
+    is the plain builder's (the demo model has no LayerNorm, so smoothing changes nothing)."""
+    spec = _spec(trials=4, analysis=False, cle=True, bias_correction=True, gptq=True,
+                 smoothquant=True, smoothquant_alpha=0.75)
     run = search_run(spec, tmp_path / "run")
     rundir = RunDir(run.run_dir)
     saved = load_spec(rundir.spec_yaml)
-    assert (saved.cle, saved.bias_correction, saved.smoothquant) == (True, True, True)
+    assert (saved.cle, saved.bias_correction, saved.gptq, saved.smoothquant) == (True,) * 4
     assert saved.smoothquant_alpha == 0.75
     splits = json.loads(rundir.measurements.read_text())["splits"]
     assert splits["search"]["key"]["bias_correction"] is True
+    assert splits["search"]["key"]["gptq"] is True
     built = export_point(run.run_dir, 0, tmp_path / "point.onnx")
     ours = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(built.path)).graph.initializer}
     plain = prepare_inputs(spec.model, spec.profile, spec.data,
@@ -317,7 +319,9 @@ def test_recovery_runs_through_search_and_export(tmp_path: Path) -> None:
     reference = {t.name: numpy_helper.to_array(t) for t in plain.graph.initializer}
     assert ours.keys() == reference.keys()
     differ = sorted(n for n in ours if not np.array_equal(ours[n], reference[n]))
-    assert differ and all(n.endswith("__i32_q") for n in differ)
+    assert all(n.endswith("_q") for n in differ)
+    biases = [n for n in differ if n.endswith("__i32_q")]
+    assert biases and len(biases) < len(differ)  # weight codes moved too
 
 
 def test_sqnr_racing_slack_is_calibrated_on_the_model_s_completed_trials() -> None:

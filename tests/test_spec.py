@@ -74,11 +74,11 @@ def test_malformed_specs(tmp_path: Path, text: str, message: str) -> None:
 
 def test_recovery_section_defaults_off_and_round_trips(tmp_path: Path) -> None:
     spec = load_spec(_write(tmp_path, GOOD))
-    assert (spec.cle, spec.bias_correction, spec.smoothquant) == (False, False, False)
+    assert (spec.cle, spec.bias_correction, spec.gptq, spec.smoothquant) == (False,) * 4
     assert spec.smoothquant_alpha == 0.5
     on = load_spec(_write(tmp_path, GOOD + "recovery: {cle: true, bias_correction: true, "
-                          "smoothquant: true, smoothquant_alpha: 0.75}\n"))
-    assert (on.cle, on.bias_correction, on.smoothquant) == (True, True, True)
+                          "gptq: true, smoothquant: true, smoothquant_alpha: 0.75}\n"))
+    assert (on.cle, on.bias_correction, on.gptq, on.smoothquant) == (True,) * 4
     assert on.smoothquant_alpha == 0.75
     again = tmp_path / "again.yaml"
     again.write_text(on.to_yaml())

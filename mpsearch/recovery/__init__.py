@@ -6,11 +6,14 @@
   into the MatMul/Gemm weights that read them, folded into the LayerNorm's gamma and beta,
   ``ModelGraph -> ModelGraph``, FP32 outputs unchanged; from the calibration data's
   :func:`channel_maxima`, applied after :func:`equalize` and before calibration.
+* :func:`round_weight` (``_gptq``): GPTQ rounding of a weight on the builder's grid from the
+  calibration data's :func:`input_hessians`; :class:`CorrectedQuantizer` stores each 8-bit
+  weight so rounded in every build.
 * :func:`correct_biases` (``_bias_correction``): empirical bias correction of a built QDQ model
   from the calibration data's :func:`input_means`; :class:`CorrectedQuantizer` applies it to
-  every build.
+  every build (after GPTQ's rounding, when both are on).
 
-The two statistics passes share one streaming ONNX Runtime pass (``_activations``).
+The three statistics are each one streaming ONNX Runtime pass of ``_activations``.
 """
 
 from mpsearch.recovery._bias_correction import (
@@ -22,6 +25,13 @@ from mpsearch.recovery._bias_correction import (
 )
 from mpsearch.recovery._cle import CLIP_POLICIES, Pair, Skipped, equalization_pairs, equalize
 from mpsearch.recovery._corrected import CorrectedQuantizer
+from mpsearch.recovery._gptq import (
+    HESSIAN_SAMPLES,
+    InputHessians,
+    gptq_codes,
+    input_hessians,
+    round_weight,
+)
 from mpsearch.recovery._smoothquant import (
     ChannelMaxima,
     SmoothGroup,
@@ -31,7 +41,8 @@ from mpsearch.recovery._smoothquant import (
     smoothing_groups,
 )
 
-__all__ = ["CLIP_POLICIES", "ChannelMaxima", "CorrectedQuantizer", "InputMeans", "Pair",
-           "Skipped", "SmoothGroup", "SmoothSkipped", "channel_maxima", "conv_tap_means",
-           "correct_biases", "equalization_pairs", "equalize", "input_means", "output_shift",
-           "smooth", "smoothing_groups"]
+__all__ = ["CLIP_POLICIES", "HESSIAN_SAMPLES", "ChannelMaxima", "CorrectedQuantizer",
+           "InputHessians", "InputMeans", "Pair", "Skipped", "SmoothGroup", "SmoothSkipped",
+           "channel_maxima", "conv_tap_means", "correct_biases", "equalization_pairs",
+           "equalize", "gptq_codes", "input_hessians", "input_means", "output_shift",
+           "round_weight", "smooth", "smoothing_groups"]

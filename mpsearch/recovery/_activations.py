@@ -1,19 +1,20 @@
 """One FP32 ONNX Runtime pass that reduces chosen activation tensors batch by batch.
 
 Consumes a :class:`~mpsearch.graph.ModelGraph`, a :class:`~mpsearch.data.Dataset`, the tensors
-to expose and two functions: ``reduce`` maps one batch's value of a tensor to a summary (a sum
-over the first axis, a per-channel maximum) and ``combine`` merges two summaries. Produces the
-merged summary of each tensor, the rows each tensor's summary covers (its first axis summed over
-batches: the samples for batch-first tensors, samples x steps for a sequence model's
-``[steps x batch, features]`` Gemm input) and the number of samples, holding one batch at a
-time. A model whose batch is fixed runs in batches of that size, so no tensor is split. The
-recovery statistics (bias correction's :func:`~mpsearch.recovery.input_means`, SmoothQuant's
-:func:`~mpsearch.recovery.channel_maxima`) are both computed through it.
+to expose and two functions: ``reduce`` (one, or one per tensor) maps one batch's value of a
+tensor to a summary (a sum over the first axis, a per-channel maximum, a Gram matrix) and
+``combine`` merges two summaries. Produces the merged summary of each tensor, the rows each
+tensor's summary covers (its first axis summed over batches: the samples for batch-first
+tensors, samples x steps for a sequence model's ``[steps x batch, features]`` Gemm input) and
+the number of samples, holding one batch at a time. A model whose batch is fixed runs in
+batches of that size, so no tensor is split. The recovery statistics (bias correction's
+:func:`~mpsearch.recovery.input_means`, SmoothQuant's :func:`~mpsearch.recovery.channel_maxima`,
+GPTQ's :func:`~mpsearch.recovery.input_hessians`) are all computed through it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,10 +39,12 @@ class Reduced:
 
 
 def reduce_activations(graph: ModelGraph, data: Dataset, tensors: Sequence[str], *,
-                       reduce: Reduce, combine: Combine, batch_size: int = 16, threads: int = 2,
+                       reduce: Reduce | Mapping[str, Reduce], combine: Combine,
+                       batch_size: int = 16, threads: int = 2,
                        label: str) -> Reduced:
     """``{tensor: combine(... reduce(batch value) ...)}`` over every batch of ``data``, with
-    the rows and samples it covers; ``label`` names the session in errors."""
+    the rows and samples it covers; ``reduce`` may be one function per tensor; ``label``
+    names the session in errors."""
     session = create_session(graph.model, threads=threads, extra_outputs=tensors, label=label)
     summaries: dict[str, np.ndarray] = {}
     rows = dict.fromkeys(tensors, 0)
@@ -50,7 +53,7 @@ def reduce_activations(graph: ModelGraph, data: Dataset, tensors: Sequence[str],
         values = session.run(feeds, tensors)
         for name in tensors:
             value = values[name]
-            part = reduce(value)
+            part = reduce[name](value) if isinstance(reduce, Mapping) else reduce(value)
             summaries[name] = combine(summaries[name], part) if name in summaries else part
             rows[name] += int(value.shape[0]) if value.ndim else 1
         samples += len(next(iter(feeds.values()))) if feeds else 0

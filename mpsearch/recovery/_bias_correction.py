@@ -32,7 +32,8 @@ from mpsearch.data import Dataset
 from mpsearch.graph import ModelGraph, Node
 from mpsearch.recovery._activations import reduce_activations
 
-__all__ = ["InputMeans", "conv_tap_means", "correct_biases", "input_means", "output_shift"]
+__all__ = ["InputMeans", "conv_tap_means", "conv_windows", "correct_biases", "input_means",
+           "output_shift"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,25 +66,42 @@ def _pads(node: Node, spatial: tuple[int, ...], kernel: tuple[int, ...],
     return (*begins, *ends)
 
 
-def conv_tap_means(mean: np.ndarray, node: Node, kernel: tuple[int, ...]) -> np.ndarray | None:
-    """[C, *kernel]: for each input channel and kernel tap, the mean over output positions of
-    the input value that tap reads (zero padding included), from the mean input ``mean``
-    [C, *spatial]. ``sum(dW * taps)`` is then the exact mean output shift of a weight change."""
-    spatial = tuple(int(d) for d in mean.shape[1:])
+def conv_windows(value: np.ndarray, node: Node, kernel: tuple[int, ...]) -> np.ndarray | None:
+    """[B, C, taps, positions]: for each sample of ``value`` [B, C, *spatial], input channel,
+    kernel tap (row-major) and output position of Conv ``node``, the input value that tap reads
+    (zero padding included; a view of ``value`` for a pointwise Conv); None where the padding
+    is not understood."""
+    spatial = tuple(int(d) for d in value.shape[2:])
     rank = len(spatial)
     strides = tuple(int(s) for s in node.attributes.get("strides", (1,) * rank))
     dilations = tuple(int(d) for d in node.attributes.get("dilations", (1,) * rank))
     pads = _pads(node, spatial, kernel, strides, dilations)
     if pads is None or len(kernel) != rank:
         return None
-    padded = np.pad(mean, [(0, 0), *zip(pads[:rank], pads[rank:], strict=True)])
-    outs = [(padded.shape[1 + i] - dilations[i] * (kernel[i] - 1) - 1) // strides[i] + 1
+    batch, channels = value.shape[:2]
+    if not any(pads) and set(kernel) == {1} and set(strides) == {1}:  # pointwise: a view
+        return value.reshape(batch, channels, 1, -1)
+    padded = np.pad(value, [(0, 0), (0, 0), *zip(pads[:rank], pads[rank:], strict=True)])
+    outs = [(padded.shape[2 + i] - dilations[i] * (kernel[i] - 1) - 1) // strides[i] + 1
             for i in range(rank)]
-    taps = np.empty((mean.shape[0], *kernel), np.float64)
-    for tap in np.ndindex(*kernel):
-        window = (slice(None), *(slice(t * d, t * d + s * (o - 1) + 1, s) for t, d, s, o in
-                                 zip(tap, dilations, strides, outs, strict=True)))
-        taps[(slice(None), *tap)] = padded[window].reshape(mean.shape[0], -1).mean(axis=1)
+    windows = np.empty((batch, channels, int(np.prod(kernel)), int(np.prod(outs))),
+                       value.dtype)
+    for index, tap in enumerate(np.ndindex(*kernel)):
+        window = (slice(None), slice(None), *(slice(t * d, t * d + s * (o - 1) + 1, s)
+                                              for t, d, s, o in
+                                              zip(tap, dilations, strides, outs, strict=True)))
+        windows[:, :, index] = padded[window].reshape(batch, channels, -1)
+    return windows
+
+
+def conv_tap_means(mean: np.ndarray, node: Node, kernel: tuple[int, ...]) -> np.ndarray | None:
+    """[C, *kernel]: for each input channel and kernel tap, the mean over output positions of
+    the input value that tap reads (zero padding included), from the mean input ``mean``
+    [C, *spatial]. ``sum(dW * taps)`` is then the exact mean output shift of a weight change."""
+    windows = conv_windows(mean[None].astype(np.float64), node, kernel)
+    if windows is None:
+        return None
+    taps: np.ndarray = windows[0].mean(axis=2).reshape(mean.shape[0], *kernel)
     return taps
 
 

@@ -1,9 +1,14 @@
-"""A :class:`~mpsearch.quantize.Quantizer` whose every build is bias-corrected.
+"""A :class:`~mpsearch.quantize.Quantizer` whose every build is corrected: weights rounded by
+GPTQ and biases corrected for the mean output shift.
 
 Consumes the graph, calibration table and profile of a plain quantizer plus the
-:class:`~mpsearch.recovery.InputMeans` of the graph; ``build`` returns
-:func:`~mpsearch.recovery.correct_biases` of the plain build, so the analysis, the search and the
-export all measure and write the corrected model through the one measurer.
+:class:`~mpsearch.recovery.InputHessians` and/or :class:`~mpsearch.recovery.InputMeans` of the
+graph. With Hessians, every integer weight of at most 8 bits that has one is stored as
+:func:`~mpsearch.recovery.round_weight`'s codes on the plain builder's grid (cached per weight
+and format, as the plain builder caches its own); with means, ``build`` returns
+:func:`~mpsearch.recovery.correct_biases` of that build, which then corrects the shift of the
+rounded weights. The analysis, the search and the export all measure and write the corrected
+model through the one measurer.
 """
 
 from __future__ import annotations
@@ -11,13 +16,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import numpy as np
 import onnx
 
 from mpsearch.errors import QuantizationError
-from mpsearch.graph import ModelGraph
-from mpsearch.profiles import HardwareProfile
-from mpsearch.quantize import Quantizer
+from mpsearch.graph import ModelGraph, Node
+from mpsearch.profiles import HardwareProfile, TensorFormat
+from mpsearch.quantize import Quantizer, code_range
 from mpsearch.recovery._bias_correction import InputMeans, correct_biases
+from mpsearch.recovery._gptq import InputHessians, round_weight
 
 if TYPE_CHECKING:
     from mpsearch.calibration import CalibrationTable
@@ -26,19 +33,37 @@ __all__ = ["CorrectedQuantizer"]
 
 
 class CorrectedQuantizer(Quantizer):
-    """:class:`Quantizer` followed by empirical bias correction from ``means``."""
+    """:class:`Quantizer` with GPTQ rounding from ``hessians`` and bias correction from
+    ``means`` (either may be None)."""
 
     def __init__(self, graph: ModelGraph, table: CalibrationTable, profile: HardwareProfile,
-                 *, means: InputMeans, method: str | None = None) -> None:
-        if means.model_fingerprint != graph.fingerprint:
-            raise QuantizationError(
-                f"bias correction: the input means are of model {means.model_fingerprint}, not "
-                f"of {graph.name} ({graph.fingerprint}); compute them on the model quantized")
+                 *, means: InputMeans | None = None, hessians: InputHessians | None = None,
+                 method: str | None = None) -> None:
+        for what, fingerprint in (("bias correction: the input means", means),
+                                  ("GPTQ: the input Hessians", hessians)):
+            if fingerprint is not None and fingerprint.model_fingerprint != graph.fingerprint:
+                raise QuantizationError(
+                    f"{what} are of model {fingerprint.model_fingerprint}, not of {graph.name} "
+                    f"({graph.fingerprint}); compute them on the model quantized")
         super().__init__(graph, table, profile, method=method)
         self.means = means
+        self.hessians = hessians
+
+    def _weight_codes(self, node: Node, array: np.ndarray, scale: np.ndarray, zero: np.ndarray,
+                      fmt: TensorFormat, axis: int | None) -> np.ndarray:
+        hessian = None if self.hessians is None else self.hessians.hessians.get(node.name)
+        if hessian is None or "16" in fmt.dtype:
+            return super()._weight_codes(node, array, scale, zero, fmt, axis)
+        qmin, qmax = code_range(fmt.dtype, narrow_range=fmt.narrow_range,
+                                reduce_range=fmt.reduce_range)
+        codes = round_weight(node, array, hessian, scale, zero, axis, qmin, qmax)
+        if codes is None:
+            return super()._weight_codes(node, array, scale, zero, fmt, axis)
+        stored: np.ndarray = codes.astype(np.dtype(fmt.dtype))
+        return stored
 
     def build(self, assignment: Mapping[str, str], *,
               stand_ins: Mapping[str, onnx.TensorProto] | None = None) -> onnx.ModelProto:
-        """The bias-corrected QDQ model of ``assignment``."""
-        return correct_biases(super().build(assignment, stand_ins=stand_ins), self.graph,
-                              self.means)
+        """The corrected QDQ model of ``assignment``."""
+        model = super().build(assignment, stand_ins=stand_ins)
+        return model if self.means is None else correct_biases(model, self.graph, self.means)

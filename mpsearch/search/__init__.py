@@ -22,12 +22,19 @@ from mpsearch.search._storage import (
     open_study,
     study_progress,
 )
-from mpsearch.search._study import SearchResult, TrialRecord, race_stages, run_search
+from mpsearch.search._study import (
+    SIZE_TIE,
+    SearchResult,
+    TrialRecord,
+    race_stages,
+    run_search,
+)
 
 __all__ = [
     "Group",
     "MEASURE_ABOVE",
     "SAMPLERS",
+    "SIZE_TIE",
     "SearchResult",
     "Seed",
     "TrialRecord",

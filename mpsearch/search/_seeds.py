@@ -116,17 +116,21 @@ def group_costs(
 
 def noise_ratio(graph: ModelGraph, profile: HardwareProfile, group: Group, low: str,
                 high: str) -> float:
-    """Quantization noise power of ``high`` relative to ``low``: 4 ** -(extra bits) of the
-    coarsest grid (so A16W8 over A8W8 counts as no gain for a node with weights)."""
+    """Quantization noise power of ``high`` relative to ``low``, each the sum of ``4 ** -bits``
+    over the grids a node rounds on (activations, and weights if it has any): independent
+    roundings add their noise, so A16W8 over A8W8 about halves it (the weights' rounding
+    stays) and A16W16 over A16W8 leaves ``2 * 4 ** -8`` of it."""
     weighted = any(graph.nodes[n].weights for n in group.nodes)
-    bits = [_precision_bits(profile.format(f), weighted) for f in (low, high)]
-    return 4.0 ** -(bits[1] - bits[0])
+    noise = [_noise_power(profile.format(f), weighted) for f in (low, high)]
+    return noise[1] / noise[0]
 
 
-def _precision_bits(fmt: Format, weighted: bool) -> int:
-    """Bits of the coarsest grid a node sees: activations, and weights if it has any."""
+def _noise_power(fmt: Format, weighted: bool) -> float:
+    """Relative rounding noise power of a node in ``fmt``: ``4 ** -bits`` summed over its
+    activation grid and, if it has weights, its weight grid."""
     grids = (fmt.activation, fmt.weight) if weighted else (fmt.activation,)
-    return min(_FLOAT_BITS.get(t.dtype, t.bits - t.reduce_range) for t in grids)
+    return float(sum(4.0 ** -_FLOAT_BITS.get(t.dtype, t.bits - t.reduce_range)
+                     for t in grids))
 
 
 def _expand(groups: Sequence[Group], choice: Mapping[str, str]) -> dict[str, str]:

@@ -571,11 +571,17 @@ def _records(study: optuna.Study) -> tuple[TrialRecord, ...]:
     return tuple(records)
 
 
+#: Sizes within this fraction of each other count as equal on the front: a few bytes of 16-bit
+#: zero points must not keep a less accurate configuration of the same size beside a better one.
+SIZE_TIE = 1e-3
+
+
 def _front(records: Sequence[TrialRecord], min_metric: float | None, higher: bool,
            score_higher: bool | None = None) -> tuple[TrialRecord, ...]:
-    """Feasible non-dominated records (objective value vs size vs latency), one per objective
-    vector; the metric (``higher`` is better or not) decides feasibility, the objective value
-    (``score_higher``, default ``higher``) dominance."""
+    """Feasible non-dominated records (objective value vs size vs latency; sizes within
+    :data:`SIZE_TIE` tie), one per objective vector; the metric (``higher`` is better or not)
+    decides feasibility, the objective value (``score_higher``, default ``higher``)
+    dominance."""
     sign = 1.0 if higher else -1.0
     score_sign = sign if score_higher is None else (1.0 if score_higher else -1.0)
     done = [r for r in records if r.metric is not None]
@@ -591,8 +597,8 @@ def _front(records: Sequence[TrialRecord], min_metric: float | None, higher: boo
         la = a.latency if a.latency is not None else 0.0
         lb = b.latency if b.latency is not None else 0.0
         ma, mb = value(a), value(b)
-        no_worse = ma >= mb and a.size <= b.size and la <= lb
-        better = ma > mb or a.size < b.size or la < lb
+        no_worse = ma >= mb and a.size <= b.size * (1 + SIZE_TIE) and la <= lb
+        better = ma > mb or a.size * (1 + SIZE_TIE) < b.size or la < lb
         return no_worse and better
 
     unique: dict[tuple[float, int, float | None], TrialRecord] = {}
