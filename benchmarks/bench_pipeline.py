@@ -23,7 +23,8 @@ held out, the model's own metric. Goal (issue 14): <= 40 FP32 passes for a ~50-n
 Also printed per model: the held-out front's best agreement at <= 1.00x, 1.15x and 1.25x the
 uniform INT8 size (issue 16), and each front point's measured latency (median ORT runs at
 batch 1 and 64, where this host runs the profile's target) beside the profile's estimate.
-``--recovery`` also runs each search with ``recovery: {cle: true, bias_correction: true}``.
+``--recovery [NAME ...]`` also runs each search with the named ``recovery`` settings
+(:data:`RECOVERIES`; bare: ``cle+bc``, i.e. ``{cle: true, bias_correction: true}``).
 ``--reference`` also runs the same search with every shortcut off (sensitivity and group costs
 on the whole search split, no first-chunk pruning, no patience stop: all the trials) and
 compares the two held-out fronts' hypervolumes (agreement up, size down; box: the lowest
@@ -52,6 +53,7 @@ from mpsearch.pipeline import search_run  # noqa: E402
 from mpsearch.progress import Progress  # noqa: E402
 from mpsearch.rundir import Baseline, Front, FrontPoint  # noqa: E402
 from mpsearch.runtime import create_session  # noqa: E402
+from mpsearch.search import SIZE_TIE  # noqa: E402
 from mpsearch.spec import SearchSpec, load_spec  # noqa: E402
 
 
@@ -145,6 +147,8 @@ class Row:
         return out
 
 
+#: "At <= x INT8 size" columns; sizes within the front's SIZE_TIE of a limit count as at it
+#: (uniform A16W8 is INT8's size plus a few bytes of 16-bit zero points).
 SIZE_LIMITS = (1.0, 1.15, 1.25)
 
 
@@ -169,17 +173,22 @@ def hypervolume(points: Sequence[tuple[float, float]], ref_metric: float,
     return area
 
 
+#: ``--recovery`` settings by name: the spec's ``recovery`` keys each turns on.
+RECOVERIES = {"cle+bc": {"cle": True, "bias_correction": True},
+              "gptq+bc": {"gptq": True, "bias_correction": True},
+              "gptq": {"gptq": True}}
+
+
 def bench(name: str, spec: SearchSpec, samples: int, slow: bool = False,
-          recovery: bool = False) -> Row:
+          recovery: str | None = None) -> Row:
     """One whole search of ``spec`` (its data: ``samples`` samples); ``slow``: with every
-    shortcut off (the reference run); ``recovery``: with cross-layer equalization and bias
-    correction (spec ``recovery``)."""
+    shortcut off (the reference run); ``recovery``: with those :data:`RECOVERIES` settings."""
     model, data = Path(spec.model), Path(spec.data)
     before = fp32_pass(model, data, samples)
     if slow:
         spec = dataclasses.replace(spec, sensitivity_limit=None, chunks=1, patience=None)
     if recovery:
-        spec = dataclasses.replace(spec, cle=True, bias_correction=True)
+        spec = dataclasses.replace(spec, **RECOVERIES[recovery])
     clock = PhaseClock()
     with tempfile.TemporaryDirectory() as tmp:
         start, cpu = time.perf_counter(), _cpu()
@@ -189,10 +198,11 @@ def bench(name: str, spec: SearchSpec, samples: int, slow: bool = False,
     unit, cpu_unit = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
     front = run.front
     int8 = front.uniform["int8"]
-    best = {limit: max((p.metric for p in front.points if p.size <= limit * int8.size),
+    best = {limit: max((p.metric for p in front.points
+                        if p.size <= limit * int8.size * (1 + SIZE_TIE)),
                        default=float("nan")) for limit in SIZE_LIMITS}
     label = name + (" (reference: no shortcuts)" if slow else "") + (
-        " (recovery: CLE+BC)" if recovery else "")
+        f" (recovery: {recovery.upper()})" if recovery else "")
     return Row(model=label, unit=unit, cpu_unit=cpu_unit, cpu=cpu,
                wall=end - start, rows=len(run.analysis.sensitivity) if run.analysis else 0,
                phases=clock.phases(start, end), evaluations=run.result.evaluations,
@@ -270,8 +280,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--reference", action="store_true",
                         help="also run each search with every shortcut off and compare")
-    parser.add_argument("--recovery", action="store_true",
-                        help="also run each search with CLE and bias correction on")
+    parser.add_argument("--recovery", nargs="*", choices=sorted(RECOVERIES), default=None,
+                        help="also run each search with these recovery settings (bare: "
+                             "cle+bc)")
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()
     models = load_sibling("real_models")
@@ -296,8 +307,8 @@ def main() -> None:
             if args.reference:
                 rows.append(bench(name, spec, samples, slow=True))
                 notes.append(compare(rows[-2], rows[-1]))
-            if args.recovery:
-                rows.append(bench(name, spec, samples, recovery=True))
+            for recovery in ([] if args.recovery is None else args.recovery or ["cle+bc"]):
+                rows.append(bench(name, spec, samples, recovery=recovery))
     command = "python benchmarks/bench_pipeline.py " + " ".join(sys.argv[1:])
     publish("## Whole search", table(rows, command.strip()) + "\n" + "\n".join(notes) + "\n",
             args.write)

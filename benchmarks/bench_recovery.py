@@ -11,9 +11,15 @@ with FP32 (and output SQNR) on the validation split, photos the calibration neve
 * +BC, +CLE+BC: :class:`mpsearch.recovery.CorrectedQuantizer` with the calibration split's
   input means (what ``recovery: {cle: true, bias_correction: true}`` does in a search), and
   +CLE (exact Relu6)+BC;
+* +GPTQ, +GPTQ+BC: the same quantizer with GPTQ's weight rounding from the calibration split's
+  input Hessians (``recovery: {gptq: true}``), with and without bias correction;
 * ORT ``quantize_static`` on the same calibration samples (QDQ, QUInt8 activations, QInt8
   per-channel weights, MinMax, after ``quant_pre_process``), with ``reduce_range`` off (its
   default) and on (what ORT recommends on CPUs without VNNI).
+
+A second table scores uniform ``int16`` (A16W8: the same 8-bit weights with 16-bit
+activations, INT8's size), where the weights' rounding is most of the error: plain, +BC, +GPTQ,
++GPTQ+BC.
 
 SmoothQuant (``recovery: {smoothquant: true}``, :func:`mpsearch.recovery.smooth`) acts on
 LayerNorm -> MatMul/Gemm, which these CNNs do not have; it is measured on the transformer models
@@ -92,6 +98,7 @@ THREADS = 2
 class Row:
     model: str
     config: str
+    fmt: str
     agreement: float
     samples: int
     sqnr: float
@@ -109,17 +116,18 @@ def _calibration_reader(prepared: Prepared) -> CalibrationDataReader:
 
 
 def _ours(name: str, graph: ModelGraph, data: Dataset, evaluator: Evaluator,
-          *, bias_correction: bool, config: str, note: str = "") -> tuple[Row, Prepared]:
+          *, bias_correction: bool, gptq: bool, config: str, fmt: str = "int8",
+          note: str = "") -> tuple[Row, Prepared]:
     start = time.perf_counter()
     prepared = prepare_inputs(graph, PROFILE, data,
                               calibration_samples=CALIBRATION[name], seed=SEED,
-                              threads=THREADS, bias_correction=bias_correction)
+                              threads=THREADS, bias_correction=bias_correction, gptq=gptq)
     quantizer = prepared.quantizer()
-    assert isinstance(quantizer, CorrectedQuantizer) == bias_correction
-    model = quantizer.build(uniform_assignment(prepared.graph, prepared.profile, "int8"))
+    assert isinstance(quantizer, CorrectedQuantizer) == (bias_correction or gptq)
+    model = quantizer.build(uniform_assignment(prepared.graph, prepared.profile, fmt))
     metrics = evaluator.evaluate(model).metrics
-    LOG.info("%s %s: agreement %.4f", name, config, metrics["agreement"])
-    return Row(model=name, config=config, agreement=metrics["agreement"],
+    LOG.info("%s %s %s: agreement %.4f", name, fmt, config, metrics["agreement"])
+    return Row(model=name, config=config, fmt=fmt, agreement=metrics["agreement"],
                samples=len(evaluator.reference), sqnr=metrics["sqnr"],
                seconds=time.perf_counter() - start, note=note), prepared
 
@@ -136,7 +144,7 @@ def _ort(name: str, source: Path, prepared: Prepared, evaluator: Evaluator, work
     metrics = evaluator.evaluate(out.read_bytes()).metrics
     config = f"ORT quantize_static (reduce_range={reduce_range})"
     LOG.info("%s %s: agreement %.4f", name, config, metrics["agreement"])
-    return Row(model=name, config=config, agreement=metrics["agreement"],
+    return Row(model=name, config=config, fmt="int8", agreement=metrics["agreement"],
                samples=len(evaluator.reference), sqnr=metrics["sqnr"],
                seconds=time.perf_counter() - start)
 
@@ -144,19 +152,25 @@ def _ort(name: str, source: Path, prepared: Prepared, evaluator: Evaluator, work
 def run_model(name: str, source: Path, photos: Path, work: Path) -> list[Row]:
     fp32, data = load_model(source), load_data(photos)
     rows, first = [], None
-    variants: list[tuple[str, str | None, bool]] = [
-        ("plain", None, False), ("+CLE", "skip", False), ("+CLE (exact Relu6)", "exact", False),
-        ("+CLE (Relu6 -> Relu)", "relu", False), ("+BC", None, True), ("+CLE+BC", "skip", True),
-        ("+CLE (exact Relu6)+BC", "exact", True)]
+    variants: list[tuple[str, str | None, bool, bool, str]] = [  # config, CLE, BC, GPTQ, format
+        ("plain", None, False, False, "int8"), ("+CLE", "skip", False, False, "int8"),
+        ("+CLE (exact Relu6)", "exact", False, False, "int8"),
+        ("+CLE (Relu6 -> Relu)", "relu", False, False, "int8"),
+        ("+BC", None, True, False, "int8"), ("+CLE+BC", "skip", True, False, "int8"),
+        ("+CLE (exact Relu6)+BC", "exact", True, False, "int8"),
+        ("+GPTQ", None, False, True, "int8"), ("+GPTQ+BC", None, True, True, "int8"),
+        *((config, None, bc, gptq, "int16") for config, bc, gptq in (
+            ("plain", False, False), ("+BC", True, False), ("+GPTQ", False, True),
+            ("+GPTQ+BC", True, True)))]
     evaluator: Evaluator | None = None
-    for config, clip, bc in variants:
+    for config, clip, bc, gptq, fmt in variants:
         graph = fp32 if clip is None else equalize(fp32, clip=clip)
         note = "" if clip is None else f"{len(equalization_pairs(fp32, clip=clip)[0])} pairs"
         if evaluator is None:  # scored against the original FP32 model on the validation split
             validation = split_data(data, CALIBRATION[name], SEED)[1]
             evaluator = Evaluator(fp32, validation, metric="agreement", threads=THREADS)
-        row, prepared = _ours(name, graph, data, evaluator, bias_correction=bc,
-                              config=config, note=note)
+        row, prepared = _ours(name, graph, data, evaluator, bias_correction=bc, gptq=gptq,
+                              config=config, fmt=fmt, note=note)
         rows.append(row)
         first = first or prepared
     assert first is not None and evaluator is not None
@@ -253,16 +267,20 @@ def sq_section(rows: list[Row], command: str, seconds: float, resolved: str) -> 
 
 
 def section(rows: list[Row], command: str, seconds: float, resolved: str) -> str:
-    head = ("| model | configuration | agreement with FP32 | 95 % interval (Wilson) | SQNR dB "
-            "| seconds | note |")
-    lines = [head, "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        low, high = wilson_interval(round(r.agreement * r.samples), r.samples)
-        lines.append(f"| {r.model} | {r.config} | {r.agreement:.4f} | [{low:.3f}, {high:.3f}] "
-                     f"| {r.sqnr:.2f} | {r.seconds:.0f} | {r.note} |")
+    def table(fmt: str) -> list[str]:
+        lines = ["| model | configuration | agreement with FP32 | 95 % interval (Wilson) | "
+                 "SQNR dB | seconds | note |", "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if r.fmt != fmt:
+                continue
+            low, high = wilson_interval(round(r.agreement * r.samples), r.samples)
+            lines.append(f"| {r.model} | {r.config} | {r.agreement:.4f} | [{low:.3f}, "
+                         f"{high:.3f}] | {r.sqnr:.2f} | {r.seconds:.0f} | {r.note} |")
+        return lines
+    lines = table("int8")
     verdicts = []
     for model in dict.fromkeys(r.model for r in rows):
-        by = {r.config: r.agreement for r in rows if r.model == model}
+        by = {r.config: r.agreement for r in rows if r.model == model and r.fmt == "int8"}
         best_ort = max(v for k, v in by.items() if k.startswith("ORT"))
         ok = by["+CLE+BC"] > by["plain"] and by["+CLE+BC"] > best_ort
         verdicts.append(f"- {model}: +CLE+BC {by['+CLE+BC']:.4f} vs plain {by['plain']:.4f} "
@@ -278,8 +296,11 @@ def section(rows: list[Row], command: str, seconds: float, resolved: str) -> str
         "which the calibration never saw (the photos are seeded crops of 12 originals, so a "
         "validation crop can share its original with a calibration crop). CLE = cross-layer "
         "equalization (`mpsearch.recovery.equalize`), BC = empirical bias correction "
-        "(`mpsearch.recovery.CorrectedQuantizer`).", "",
+        "(`mpsearch.recovery.CorrectedQuantizer`), GPTQ = GPTQ weight rounding on the same "
+        "grid (`recovery: {gptq: true}`).", "",
         *lines, "", *verdicts, "",
+        "Uniform `int16` (A16W8: the same 8-bit weights, 16-bit activations, INT8's size), "
+        "same photos:", "", *table("int16"), "",
         "Reading: with per-channel weights (every x86 ORT format) CLE's weight-range argument "
         "does not apply: each output channel already has its own weight scale, so CLE can only "
         "even out the per-tensor activation ranges. In MobileNetV2 every expand -> depthwise -> "
