@@ -16,7 +16,13 @@ from mpsearch.errors import QuantizationError
 from mpsearch.graph import load_model
 from mpsearch.pipeline import prepare_inputs
 from mpsearch.quantize import Quantizer, code_range
-from mpsearch.recovery import CorrectedQuantizer, InputHessians, gptq_codes, input_hessians
+from mpsearch.recovery import (
+    CorrectedQuantizer,
+    InputHessians,
+    gptq_codes,
+    input_hessians,
+    round_weight,
+)
 from mpsearch.recovery._gptq import BLOCK, DAMPING, MIN_SAMPLES, VECTORS_PER_DIMENSION
 from mpsearch.runtime import create_session
 
@@ -157,6 +163,18 @@ def test_gptq_codes_match_the_sequential_updates_across_blocks() -> None:
     h[7, :] = h[:, 7] = 0.0  # an input that is always zero
     codes = gptq_codes(w[None], h[None], scale[None], np.zeros((1, 6)), -128, 127)
     np.testing.assert_array_equal(codes[0], _sequential_gptq(w, h, scale, -128, 127))
+
+
+def test_a_hessian_that_is_not_finite_leaves_the_weight_to_round_to_nearest() -> None:
+    node = load_model(_model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+                             {"w": np.ones((3, 2), np.float32)}, [("x", ["N", 3])],
+                             ["y"])).nodes["mm"]
+    hessian = np.eye(3)[None]
+    hessian[0, 1, 1] = np.inf
+    assert round_weight(node, np.ones((3, 2)), hessian, np.full(2, 0.01), np.zeros(2), 1,
+                        -128, 127) is None
+    assert round_weight(node, np.ones((3, 2)), np.eye(3)[None], np.full(2, 0.01),
+                        np.zeros(2), 1, -128, 127) is not None
 
 
 def test_gptq_with_a_diagonal_hessian_is_round_to_nearest() -> None:

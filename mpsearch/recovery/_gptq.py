@@ -286,12 +286,17 @@ def round_weight(node: Node, array: np.ndarray, hessian: np.ndarray, scale: np.n
                  zero: np.ndarray, axis: int | None, qmin: int, qmax: int) -> np.ndarray | None:
     """GPTQ codes (float64, ``array``'s shape) of ``node``'s weight on the grid ``scale``,
     ``zero`` (per tensor, or along ``axis``, which must be the output-channel axis); None
-    where GPTQ does not apply or the Hessian is singular (the caller rounds to nearest)."""
+    where GPTQ does not apply or the Hessian is not finite or singular (the caller rounds to
+    nearest)."""
     rows = weight_rows(node, array)
     if rows is None or (axis is not None and axis != _output_axis(node, array.ndim)):
         return None
     groups, count, inner = rows.shape
     if hessian.shape != (groups, inner, inner):
+        return None
+    if not np.isfinite(hessian).all():
+        logger.warning("GPTQ: %s's input overflows float32 on the calibration data; its "
+                       "weight is rounded to nearest", node.name)
         return None
 
     def per_row(value: np.ndarray) -> np.ndarray:
