@@ -23,7 +23,7 @@ from mpsearch.data import Dataset
 from mpsearch.graph import ModelGraph
 from mpsearch.runtime import create_session
 
-__all__ = ["Reduced", "reduce_activations"]
+__all__ = ["Reduce", "Reduced", "reduce_activations"]
 
 Reduce = Callable[[np.ndarray], np.ndarray]
 Combine = Callable[[np.ndarray, np.ndarray], np.ndarray]

@@ -39,11 +39,11 @@ class CorrectedQuantizer(Quantizer):
     def __init__(self, graph: ModelGraph, table: CalibrationTable, profile: HardwareProfile,
                  *, means: InputMeans | None = None, hessians: InputHessians | None = None,
                  method: str | None = None) -> None:
-        for what, fingerprint in (("bias correction: the input means", means),
-                                  ("GPTQ: the input Hessians", hessians)):
-            if fingerprint is not None and fingerprint.model_fingerprint != graph.fingerprint:
+        for what, stats in (("bias correction: the input means", means),
+                            ("GPTQ: the input Hessians", hessians)):
+            if stats is not None and stats.model_fingerprint != graph.fingerprint:
                 raise QuantizationError(
-                    f"{what} are of model {fingerprint.model_fingerprint}, not of {graph.name} "
+                    f"{what} are of model {stats.model_fingerprint}, not of {graph.name} "
                     f"({graph.fingerprint}); compute them on the model quantized")
         super().__init__(graph, table, profile, method=method)
         self.means = means
@@ -52,7 +52,7 @@ class CorrectedQuantizer(Quantizer):
     def _weight_codes(self, node: Node, array: np.ndarray, scale: np.ndarray, zero: np.ndarray,
                       fmt: TensorFormat, axis: int | None) -> np.ndarray:
         hessian = None if self.hessians is None else self.hessians.hessians.get(node.name)
-        if hessian is None or "16" in fmt.dtype:
+        if hessian is None or fmt.bits > 8:
             return super()._weight_codes(node, array, scale, zero, fmt, axis)
         qmin, qmax = code_range(fmt.dtype, narrow_range=fmt.narrow_range,
                                 reduce_range=fmt.reduce_range)

@@ -30,7 +30,7 @@ rounding steps are 256 times finer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -38,7 +38,7 @@ import numpy as np
 
 from mpsearch.data import Dataset
 from mpsearch.graph import ModelGraph, Node
-from mpsearch.recovery._activations import reduce_activations
+from mpsearch.recovery._activations import Reduce, reduce_activations
 from mpsearch.recovery._bias_correction import conv_windows
 
 __all__ = ["HESSIAN_BUDGET_BYTES", "HESSIAN_SAMPLES", "InputHessians", "gptq_codes",
@@ -61,7 +61,6 @@ BLOCK = 128
 #: Largest block of Conv input windows (float32 elements) summed at once.
 _CHUNK_ELEMENTS = 16 * 2**20
 
-_Gram = Callable[[np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,7 +120,7 @@ def _window(node: Node, weight: np.ndarray) -> tuple[object, ...]:
             tuple(attrs.get("pads", ())), attrs.get("auto_pad", b"NOTSET"))
 
 
-def _conv_gram(node: Node, weight: np.ndarray) -> _Gram:
+def _conv_gram(node: Node, weight: np.ndarray) -> Reduce:
     kernel = tuple(int(k) for k in weight.shape[2:])
     group = int(node.attributes.get("group", 1))
 
@@ -145,7 +144,7 @@ def _conv_gram(node: Node, weight: np.ndarray) -> _Gram:
     return gram
 
 
-def _rows_gram(inner: int) -> _Gram:
+def _rows_gram(inner: int) -> Reduce:
     def gram(value: np.ndarray) -> np.ndarray:
         flat = value.astype(np.float32, copy=False).reshape(-1, inner)
         product: np.ndarray = (flat.T @ flat).astype(np.float64)[None]
@@ -153,7 +152,7 @@ def _rows_gram(inner: int) -> _Gram:
     return gram
 
 
-def _capped(gram: _Gram, shape: tuple[int, int, int], samples: int) -> _Gram:
+def _capped(gram: Reduce, shape: tuple[int, int, int], samples: int) -> Reduce:
     """A Conv's ``gram`` of its first samples up to its own limit (see
     :data:`VECTORS_PER_DIMENSION`; input positions per sample from the first batch), zeros
     after."""
@@ -213,7 +212,7 @@ def input_hessians(graph: ModelGraph, data: Dataset, *, samples: int = HESSIAN_S
 
     count = min(samples, len(data))
 
-    def reducer(tensor: str) -> _Gram:
+    def reducer(tensor: str) -> Reduce:
         grams = []
         for window in by_tensor[tensor]:
             node, shape = shared[tensor, window][0], shapes[tensor, window]
