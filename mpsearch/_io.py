@@ -1,7 +1,7 @@
 """Atomic file output: every file mpsearch writes appears whole or not at all.
 
 Writes go to a temporary file in the destination folder, are flushed, given the permissions a
-plain ``open()`` would give (umask applied) and renamed over the destination.
+plain ``open()`` would give (the umask read once at import, never changed) and renamed over the destination.
 """
 
 from __future__ import annotations
@@ -18,10 +18,22 @@ import onnx
 __all__ = ["atomic_write", "write_json", "write_model"]
 
 
-def _umask() -> int:
-    mask = os.umask(0)
+def _read_umask() -> int:
+    """The process umask, read once at import. Linux shows it in ``/proc/self/status``; elsewhere
+    ``os.umask`` must set it to read it, a process-wide change (briefly, once, at import)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+_FILE_MODE = 0o666 & ~_read_umask()
 
 
 def atomic_write(path: str | os.PathLike[str], payload: bytes | Callable[[BinaryIO], Any]
@@ -37,8 +49,8 @@ def atomic_write(path: str | os.PathLike[str], payload: bytes | Callable[[Binary
             else:
                 payload(f)
             f.flush()
+            os.fchmod(f.fileno(), _FILE_MODE)
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -50,12 +50,29 @@ def _csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> No
     atomic_write(path, buffer.getvalue().encode())
 
 
+#: First characters that make a spreadsheet read a cell as a formula (CSV injection).
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
 def _cell(value: Any) -> Any:
+    """One CSV cell: non-finite floats empty, sequences joined, and text a spreadsheet would
+    run as a formula (a node named ``=HYPERLINK(...)``) prefixed with a quote; numbers, such
+    as -1.5 (or the text "-1.5"), are written as numbers."""
     if isinstance(value, float) and not math.isfinite(value):
         return ""
     if isinstance(value, (list, tuple)):
-        return "; ".join(str(v) for v in value)
+        value = "; ".join(str(v) for v in value)
+    if isinstance(value, str) and value.startswith(_FORMULA_START) and not _numeric(value):
+        return "'" + value
     return value
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 _LATENCY_FIELDS = ("latency", "latency_estimate", "latency_ms", "batch_latency_ms")

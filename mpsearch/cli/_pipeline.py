@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mpsearch.cli._output import search_dir
 from mpsearch.cli._progress import BarProgress
 
 __all__ = ["add_pipeline_parsers"]
@@ -56,7 +57,7 @@ def _search(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec).with_overrides(storage=args.storage, study=args.study,
                                                trials=args.trials, seed=args.seed)
-    run_dir = Path(args.out) if args.out else Path("runs") / Path(args.spec).stem
+    run_dir = search_dir(args)
     progress = BarProgress(not args.quiet)
     run = search_run(spec, run_dir, resume=args.resume, progress=progress)
     progress.close()

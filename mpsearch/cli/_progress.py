@@ -3,13 +3,22 @@ stage starts (a stage's total may grow while it runs) or by :meth:`BarProgress.c
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from tqdm import tqdm
 
 from mpsearch.progress import Progress
 
-__all__ = ["BarProgress"]
+__all__ = ["BarProgress", "close_bars"]
+
+_OPEN: weakref.WeakSet[BarProgress] = weakref.WeakSet()
+
+
+def close_bars() -> None:
+    """Close every open bar (before an error line, so it does not land on a bar's line)."""
+    for bar in list(_OPEN):
+        bar.close()
 
 
 class BarProgress:
@@ -28,6 +37,7 @@ class BarProgress:
             self._stage = progress.stage
             self._bar = tqdm(total=progress.total, desc=progress.stage, unit=progress.unit,
                              leave=False)
+            _OPEN.add(self)
         bar = self._bar
         if progress.total is not None and bar.total != progress.total:
             bar.total = progress.total
