@@ -1,7 +1,8 @@
 """Atomic file output: every file mpsearch writes appears whole or not at all.
 
 Writes go to a temporary file in the destination folder, are flushed, given the permissions a
-plain ``open()`` would give (the umask read once at import, never changed) and renamed over the destination.
+plain ``open()`` would give (the umask read once at import, never changed) and renamed over
+the destination.
 """
 
 from __future__ import annotations

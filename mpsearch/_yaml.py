@@ -91,7 +91,7 @@ class _LineLoader(yaml.SafeLoader):
         self.depth += 1
         try:
             if self.depth > MAX_DEPTH:
-                line = self.peek_event().start_mark.line + 1
+                line = self.peek_event().start_mark.line + 1  # type: ignore[no-untyped-call]
                 raise self.error_cls(f"{self.file}:{line}: mappings and lists nest deeper than "
                                      f"{MAX_DEPTH} levels; flatten the file")
             return super().compose_node(parent, index)

@@ -40,8 +40,8 @@ from mpsearch.assignment import (
     uniform_assignment,
 )
 from mpsearch.calibration import CalibrationTable, calibrate, calibrate_cached
-from mpsearch.data import Dataset, check_signature, load_data
-from mpsearch.errors import DataError, SearchError, SpecError
+from mpsearch.data import Dataset, check_finite, check_signature, load_data
+from mpsearch.errors import DataError, ModelError, SearchError, SpecError
 from mpsearch.evaluate import Evaluation, Evaluator
 from mpsearch.graph import ModelGraph, load_model
 from mpsearch.profiles import (
@@ -150,6 +150,7 @@ def prepare_inputs(
     dataset = data if isinstance(data, Dataset) else load_data(data)
     dataset = dataset.for_inputs([i.name for i in graph.inputs])
     check_signature(dataset, graph)
+    _check_inputs(graph, hw, dataset)
     mismatch = check_profile_for_cpu(hw.name)
     if mismatch:
         logger.warning(mismatch)
@@ -170,6 +171,17 @@ def prepare_inputs(
     return Prepared(graph=graph, summary=summarize(graph), profile=hw, calibration=calib,
                     validation=valid, table=table, method=method, means=means,
                     hessians=hessians)
+
+
+def _check_inputs(graph: ModelGraph, profile: HardwareProfile, data: Dataset) -> None:
+    """Before any work: the model has weights to quantize, and no sample of the data (named
+    by its place in the file, before any split) holds NaN or Inf."""
+    if model_size(graph, profile, {}) == 0:
+        raise ModelError(f"{graph.path or graph.name}: the model has no weights; mixed "
+                         "precision has nothing to make smaller")
+    batch = 256
+    for index, feeds in enumerate(data.batches(batch)):
+        check_finite(feeds, source=data.source, batch=index, batch_size=batch)
 
 
 def prepare(spec: SearchSpec, run_dir: RunDir | str | Path | None = None, *,
@@ -357,7 +369,8 @@ def _check_latency_objective(spec: SearchSpec) -> None:
 #: Spec fields left out of the spec's fingerprint: more trials, more time, another worker,
 #: storage or sampler resume the same study; the model, data and profile count by content.
 _NOT_HASHED = frozenset({"trials", "timeout_s", "storage", "study", "path", "seed", "sampler",
-                         "explore", "analysis", "model", "data", "profile", "name"})
+                         "explore", "analysis", "model", "data", "profile", "name",
+                         "heartbeat_s"})
 
 
 def _search_inputs(prepared: Prepared, spec: SearchSpec, data: Dataset) -> dict[str, str]:
@@ -391,16 +404,21 @@ def _build(prepared: Prepared, assignment: Assignment, out: str | Path, data: Da
     model = prepared.quantizer().build(assignment)
     onnx.checker.check_model(model)
     write_model(out, model)
-    evaluator = Evaluator(prepared.graph, data, metric=spec.metric,
-                          batch_size=spec.batch_size, threads=spec.threads)
-    feeds = next(iter(data.batches(1)))
-    graph, profile = prepared.graph, prepared.profile
-    return BuiltModel(
-        path=Path(out), assignment=assignment, evaluation=evaluator.evaluate(onnx.load(str(out))),
-        fp32=evaluator.fp32(), size=model_size(graph, profile, assignment),
-        fp32_size=model_size(graph, profile, {}),
-        latency_s=evaluator.session(model).time_batch(feeds),
-        fp32_latency_s=evaluator.session(graph.model).time_batch(feeds), point=point)
+    try:  # a model that cannot be measured is not left behind
+        evaluator = Evaluator(prepared.graph, data, metric=spec.metric,
+                              batch_size=spec.batch_size, threads=spec.threads)
+        feeds = next(iter(data.batches(1)))
+        graph, profile = prepared.graph, prepared.profile
+        return BuiltModel(
+            path=Path(out), assignment=assignment,
+            evaluation=evaluator.evaluate(onnx.load(str(out))), fp32=evaluator.fp32(),
+            size=model_size(graph, profile, assignment),
+            fp32_size=model_size(graph, profile, {}),
+            latency_s=evaluator.session(model).time_batch(feeds),
+            fp32_latency_s=evaluator.session(graph.model).time_batch(feeds), point=point)
+    except BaseException:
+        Path(out).unlink(missing_ok=True)
+        raise
 
 
 def _spec_of(run: RunDir) -> SearchSpec:

@@ -228,7 +228,13 @@ class MeasurementCache(dict[str, Any]):
         self._last = time.monotonic()
         section = self._sections().get(split)
         if isinstance(section, dict) and section.get("key") == self.key:
-            self.update(section.get("entries", {}))
+            entries = section.get("entries", {})
+            for name, entry in (entries.items() if isinstance(entries, dict) else [(0, 0)]):
+                problem = _entry_problem(entry)
+                if problem:
+                    raise SearchError(f"{path}: {split} entry {str(name)[:60]!r} {problem}; "
+                                        "delete the file to measure again")
+            self.update(entries)
             logger.info("%s: %d cached %s measurements", path, len(self), split)
         elif section is not None:
             logger.info("%s: the %s cache is for other inputs; measuring again", path, split)
@@ -248,6 +254,31 @@ class MeasurementCache(dict[str, Any]):
             sections = self._sections()
             sections[self.split] = {"key": self.key, "entries": dict(self)}
             write_json(self.path, {"splits": sections})
+
+
+def _number(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _entry_problem(entry: Any) -> str | None:
+    """What makes a cached measurement unusable (wrong-typed fields), or None."""
+    if not isinstance(entry, dict):
+        return "is not a mapping"
+    if "seconds" in entry:  # a latency
+        ok = _number(entry["seconds"]) and entry["seconds"] is not None
+        return None if ok else "has a 'seconds' that is not a number"
+    metrics = entry.get("metrics")
+    if not isinstance(metrics, dict) or not all(_number(v) for v in metrics.values()):
+        return "has 'metrics' that are not numbers"
+    if not isinstance(entry.get("primary"), str):
+        return "has no 'primary' metric name"
+    for key in ("samples", "build_s", "session_s", "eval_s", "kl"):
+        if key in entry and not _number(entry[key]):
+            return f"has a '{key}' that is not a number"
+    runs = entry.get("runs", [])
+    if not isinstance(runs, list) or not all(_number(t) and t is not None for t in runs):
+        return "has 'runs' that are not numbers"
+    return None
 
 
 def _leading_comments(lines: Sequence[str]) -> list[str]:

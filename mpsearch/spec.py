@@ -13,6 +13,8 @@ Parsed once, strictly, at the edge: an unknown key is an error with the file, th
                                          # move the front (0: run every trial)
     sampler: auto
     seed: 0
+    # storage: postgresql://user:pw@host/db   # several workers share one study
+    # heartbeat: 60    # seconds; a worker silent for 2x this has its trial failed and retried
     recovery: {cle: false, bias_correction: false,   # accuracy recovery (mpsearch.recovery)
                gptq: false, smoothquant: false, smoothquant_alpha: 0.5}
 """
@@ -149,6 +151,7 @@ class SearchSpec:
     seed: int = 0
     storage: str | None = None
     study: str | None = None
+    heartbeat_s: float = 60.0  # database storages: a worker silent 2x this has its trial retried
     method: str = "minmax"
     batch_size: int = 64
     threads: int = 2
@@ -185,6 +188,9 @@ class SearchSpec:
             if not isinstance(value, (int, float)) or not low <= value <= high:
                 raise SpecError(f"{where}: {name} must be between {low:g} and {high:g}, got "
                                 f"{value!r}; fix the value")
+        if not (isinstance(self.heartbeat_s, (int, float)) and 0 < self.heartbeat_s <= 3600):
+            raise SpecError(f"{where}: heartbeat must be from 1 to 3600 seconds, got "
+                            f"{self.heartbeat_s!r}; fix the value")
         if self.timeout_s is not None and not (isinstance(self.timeout_s, (int, float))
                                                and 0 < self.timeout_s < math.inf):
             raise SpecError(f"{where}: budget.timeout_s must be a positive number of seconds, "
@@ -209,7 +215,8 @@ class SearchSpec:
             "budget": {"trials": self.trials, "timeout_s": self.timeout_s,
                        "patience": self.patience or 0},
             "sampler": self.sampler, "seed": self.seed, "storage": self.storage,
-            "study": self.study, "calibration": {"method": self.method},
+            "study": self.study, "heartbeat": self.heartbeat_s,
+            "calibration": {"method": self.method},
             "evaluation": {"batch_size": self.batch_size, "threads": self.threads,
                            "chunks": self.chunks, "sensitivity_samples": self.sensitivity_limit,
                            "search_score": self.search_score},
@@ -273,8 +280,8 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     root = Section.root(load_yaml(file, SpecError), file, SpecError)
     root.check_keys(
         ("model", "profile", "data", "metric", "objectives", "constraints", "budget",
-         "sampler", "seed", "storage", "study", "calibration", "formats", "evaluation",
-         "analysis", "seeding", "explore", "name", "recovery"),
+         "sampler", "seed", "storage", "study", "heartbeat", "calibration", "formats",
+         "evaluation", "analysis", "seeding", "explore", "name", "recovery"),
         required=("model", "profile", "data"),
     )
     base = Path(file).resolve().parent
@@ -323,6 +330,7 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
         seed=_bounded(root, "seed", 0, "seed"),
         storage=root.get_str("storage", None),
         study=root.get_str("study", None),
+        heartbeat_s=root.get_float("heartbeat", 60.0, positive=True),
         method=calibration.get_str("method", "minmax", choices=METHODS),
         batch_size=_bounded(evaluation, "batch_size", 64, "batch_size"),
         threads=_bounded(evaluation, "threads", 2, "threads"),
