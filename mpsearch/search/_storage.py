@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -151,10 +152,13 @@ def _storage(url: str | None, run_dir: Path, heartbeat: float = 60.0
             # Each worker beats every `heartbeat` seconds while it runs a trial (Optuna does
             # under optimize()); a trial silent for twice that (its worker killed) is failed by
             # the next worker to start a trial, and queued again once with the same parameters.
+            with warnings.catch_warnings():  # Optuna marks the callback experimental
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                retry = RetryFailedTrialCallback(max_retry=_RETRIES,
+                                                 inherit_intermediate_values=True)
             return RDBStorage(url, heartbeat_interval=max(1, round(heartbeat)),
                               grace_period=max(2, round(2 * heartbeat)),
-                              failed_trial_callback=RetryFailedTrialCallback(
-                                  max_retry=_RETRIES, inherit_intermediate_values=True))
+                              failed_trial_callback=retry)
         except (IntegrityError, ProgrammingError) as e:
             # Workers started together on an empty database all create Optuna's tables; the
             # losers fail (optuna#1092) and find the tables made on the next attempt.
