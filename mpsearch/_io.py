@@ -44,18 +44,29 @@ def atomic_write(path: str | os.PathLike[str], payload: bytes | Callable[[Binary
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
-        with os.fdopen(handle, "wb") as f:
-            if isinstance(payload, bytes):
-                f.write(payload)
-            else:
-                payload(f)
-            f.flush()
-            os.fchmod(f.fileno(), _FILE_MODE)
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        _write(handle, tmp, target, payload)
+    except OSError as e:  # a full disk or a quota: name the file, not the temporary one
+        Path(tmp).unlink(missing_ok=True)
+        if e.filename is None or e.filename == tmp:
+            raise OSError(e.errno, e.strerror, str(target)) from e
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _write(handle: int, tmp: str, target: Path,
+           payload: bytes | Callable[[BinaryIO], Any]) -> None:
+    """Fill the temporary file ``tmp`` (open as ``handle``), then rename it to ``target``."""
+    with os.fdopen(handle, "wb") as f:
+        if isinstance(payload, bytes):
+            f.write(payload)
+        else:
+            payload(f)
+        f.flush()
+        os.fchmod(f.fileno(), _FILE_MODE)
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
 
 
 def _finite(value: Any) -> Any:
