@@ -62,7 +62,7 @@ from mpsearch.recovery import (
     input_means,
     smooth,
 )
-from mpsearch.rundir import Front, FrontPoint, MeasurementCache, RunDir
+from mpsearch.rundir import Front, FrontPoint, MeasurementCache, RunDir, check_measurements
 from mpsearch.runtime import create_session, ort_version
 from mpsearch.search import (
     MEASURE_ABOVE,
@@ -326,6 +326,7 @@ def search_run(
     search_data, held_data = _splits(prepared, spec)
     inputs = _search_inputs(prepared, spec, search_data)
     check_resume(spec, run.path, inputs, resume)  # before anything of the run dir is rewritten
+    check_measurements(run.measurements)
     _write_inputs(run, spec, prepared, "search")
     _write_model_info(run, prepared)
     with _spec_measuring(prepared, spec, search_data, run, "search", prefix=True) as measurer:

@@ -27,7 +27,7 @@ from mpsearch.errors import SearchError
 from mpsearch.spec import SearchSpec
 
 __all__ = ["Baseline", "Front", "FrontPoint", "MeasurementCache", "RunDir", "atomic_write",
-           "read_json", "write_json"]
+           "check_measurements", "read_json", "write_json"]
 
 logger = logging.getLogger(__name__)
 
@@ -228,13 +228,8 @@ class MeasurementCache(dict[str, Any]):
         self._last = time.monotonic()
         section = self._sections().get(split)
         if isinstance(section, dict) and section.get("key") == self.key:
-            entries = section.get("entries", {})
-            for name, entry in (entries.items() if isinstance(entries, dict) else [(0, 0)]):
-                problem = _entry_problem(entry)
-                if problem:
-                    raise SearchError(f"{path}: {split} entry {str(name)[:60]!r} {problem}; "
-                                        "delete the file to measure again")
-            self.update(entries)
+            _check_entries(path, split, section.get("entries", {}))
+            self.update(section.get("entries", {}))
             logger.info("%s: %d cached %s measurements", path, len(self), split)
         elif section is not None:
             logger.info("%s: the %s cache is for other inputs; measuring again", path, split)
@@ -254,6 +249,24 @@ class MeasurementCache(dict[str, Any]):
             sections = self._sections()
             sections[self.split] = {"key": self.key, "entries": dict(self)}
             write_json(self.path, {"splits": sections})
+
+
+def check_measurements(path: Path) -> None:
+    """SearchError naming the first cached measurement of ``path`` (``measurements.json``)
+    whose fields have the wrong types; a missing or unreadable file is an empty cache."""
+    stored = read_json(path)
+    sections = stored.get("splits") if isinstance(stored, dict) else None
+    for split, section in (sections.items() if isinstance(sections, dict) else ()):
+        if isinstance(section, dict):
+            _check_entries(path, str(split), section.get("entries", {}))
+
+
+def _check_entries(path: Path | None, split: str, entries: Any) -> None:
+    for name, entry in (entries.items() if isinstance(entries, dict) else [("*", None)]):
+        problem = _entry_problem(entry)
+        if problem:
+            raise SearchError(f"{path}: {split} entry {str(name)[:60]!r} {problem}; delete the "
+                              "file to measure again")
 
 
 def _number(value: Any) -> bool:

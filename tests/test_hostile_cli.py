@@ -540,3 +540,35 @@ def test_node_named_like_a_formula_is_quoted_in_the_run_csv(tmp_path: Path) -> N
     named = [c for c in cells if "HYPERLINK" in c]
     assert named and all(c.lstrip('"').startswith("'=") for c in named), named
     assert not [c for c in cells if c.lstrip('"')[:1] in ("=", "+", "@")]
+
+
+_KERNEL_INTERRUPT = """
+import os, signal, sys, threading
+import numpy as np
+from mpsearch import kernels
+from mpsearch.kernels import _kernels
+
+x = np.random.default_rng(0).normal(size=1 << 22).astype(np.float32)
+lo, scale = _kernels._hist_scale(-1.0, 1.0, 2048)
+raw = lambda: _kernels._tensor_stats_kernel(x, x.view(np.int32), lo, scale, 2048, 8)
+wrapped = lambda: kernels.tensor_stats(x, -1.0, 1.0, 2048)
+for name, kernel in (("raw", raw), ("wrapped", wrapped)):
+    kernel()  # compiled before the clock starts
+    for _ in range(3):
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            while True:
+                kernel()
+        except BaseException as e:
+            print(name, type(e).__name__)
+"""
+
+
+def test_ctrl_c_inside_a_numba_kernel_is_a_keyboard_interrupt(tmp_path: Path) -> None:
+    """numba turns a Ctrl-C inside compiled code into a SystemError (the control, calling the
+    compiled kernel directly); the public kernels raise KeyboardInterrupt instead."""
+    result = subprocess.run([sys.executable, "-c", _KERNEL_INTERRUPT], capture_output=True,
+                            text=True, cwd=tmp_path, check=True, timeout=300)
+    seen = [tuple(line.split()) for line in result.stdout.splitlines()]
+    assert ("raw", "SystemError") in seen, seen  # the interrupt did land inside numba
+    assert [s for s in seen if s[0] == "wrapped"] == [("wrapped", "KeyboardInterrupt")] * 3

@@ -69,15 +69,18 @@ R = TypeVar("R")
 def _interruptible(kernel: Callable[P, R]) -> Callable[P, R]:
     """``kernel`` with a Ctrl-C arriving inside compiled code raised as KeyboardInterrupt: numba's
     dispatcher otherwise reports it as ``SystemError: CPUDispatcher(...) returned a result with
-    an exception set``, the KeyboardInterrupt only its cause."""
+    an exception set``, the KeyboardInterrupt only at the end of its chain of causes."""
 
     @functools.wraps(kernel)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return kernel(*args, **kwargs)
         except SystemError as e:
-            if isinstance(e.__cause__ or e.__context__, KeyboardInterrupt):
-                raise KeyboardInterrupt from e
+            cause: BaseException | None = e
+            for _ in range(16):  # numba wraps it in a SystemError per nested dispatch
+                cause = cause.__cause__ or cause.__context__ if cause is not None else None
+                if isinstance(cause, KeyboardInterrupt):
+                    raise KeyboardInterrupt from e
             raise
 
     return run
