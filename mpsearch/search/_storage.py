@@ -69,7 +69,8 @@ _MAX_RECORD = 64 << 20  # bytes of one journal line, at most
 
 def _check_journal(path: Path) -> None:
     """SearchError unless the existing file ``path`` is an Optuna journal: a regular file,
-    empty or every complete line a journal record (a torn last line is repaired on open).
+    empty or every complete line a journal record, the last one possibly torn (the start of
+    a record, dropped on open).
     Checked before Optuna opens it for appending, so a spec naming any other file (``storage:
     ~/notes.txt``) never has journal records appended to it."""
     fix = "remove that line to use the journal (the records around it stay) or start a new one"
@@ -82,13 +83,14 @@ def _check_journal(path: Path) -> None:
                 if len(line) > _MAX_RECORD:
                     raise SearchError(f"{path}:{number}: a line over {_MAX_RECORD >> 20} MiB "
                                       f"is not an Optuna journal record; {fix}")
-                if not line.endswith(b"\n"):
-                    break  # a torn last record
-                if not _is_record(line) and number == 1:
+                torn = not line.endswith(b"\n")  # a record cut short by a kill, or not one
+                if torn and (line.startswith(_RECORD_START) or _RECORD_START.startswith(line)):
+                    break
+                if (torn or not _is_record(line)) and number == 1:
                     raise SearchError(f"{path}: not an Optuna journal (its first line is not a "
                                       "journal record), so the search will not append to it; "
                                       "give a new file or a database URL as storage")
-                if not _is_record(line):
+                if torn or not _is_record(line):
                     raise SearchError(f"{path}:{number}: not an Optuna journal record (a torn "
                                       f"or foreign line); {fix}")
     except OSError as e:
