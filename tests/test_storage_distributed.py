@@ -19,7 +19,6 @@ from pathlib import Path
 
 import optuna
 import pytest
-from optuna.storages import RetryFailedTrialCallback
 
 HERE = Path(__file__).resolve().parent
 MODEL = HERE / "fixtures" / "resnet.onnx"
@@ -110,10 +109,11 @@ def test_killed_postgres_worker_trial_is_failed_and_retried(tmp_path: Path) -> N
     failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
     assert len(failed) == 1 and failed[0].number in running, (running, states)
     dead = failed[0]
+    retry_class = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback",
+                          optuna.storages.RetryFailedTrialCallback)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        retries = [t for t in trials
-                   if RetryFailedTrialCallback.retried_trial_number(t) == dead.number]
+        retries = [t for t in trials if retry_class.retried_trial_number(t) == dead.number]
     assert len(retries) == 1, states
     retry = retries[0]
     assert retry.state == optuna.trial.TrialState.COMPLETE, states

@@ -139,6 +139,21 @@ def _journal(path: Path) -> optuna.storages.BaseStorage:
     return JournalStorage(JournalFileBackend(str(path)))
 
 
+def _rdb(url: str, heartbeat: float) -> RDBStorage:
+    """A database storage with heartbeats and the retry of a dead worker's trial."""
+    interval, grace = max(1, round(heartbeat)), max(2, round(2 * heartbeat))
+    with warnings.catch_warnings():  # Optuna marks heartbeats and their callbacks experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        stale = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
+        if stale is not None:  # Optuna >= 4.9 (RetryFailedTrialCallback is deprecated there)
+            return RDBStorage(url, heartbeat_interval=interval, grace_period=grace,
+                              heartbeat_stale_trial_callback=stale(
+                                  max_retry=_RETRIES, inherit_intermediate_values=True))
+        return RDBStorage(url, heartbeat_interval=interval, grace_period=grace,
+                          failed_trial_callback=RetryFailedTrialCallback(
+                              max_retry=_RETRIES, inherit_intermediate_values=True))
+
+
 def _storage(url: str | None, run_dir: Path, heartbeat: float = 60.0
              ) -> optuna.storages.BaseStorage:
     if url is None:
@@ -153,14 +168,8 @@ def _storage(url: str | None, run_dir: Path, heartbeat: float = 60.0
         try:
             # Each worker beats every `heartbeat` seconds while it runs a trial (Optuna does
             # under optimize()); a trial silent for twice that (its worker killed) is failed by
-            # the next worker to start a trial, and queued again once with the same parameters.
-            with warnings.catch_warnings():  # Optuna marks the callback experimental
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                retry = RetryFailedTrialCallback(max_retry=_RETRIES,
-                                                 inherit_intermediate_values=True)
-            return RDBStorage(url, heartbeat_interval=max(1, round(heartbeat)),
-                              grace_period=max(2, round(2 * heartbeat)),
-                              failed_trial_callback=retry)
+            # the next worker to start a trial and queued again (up to twice) as it was.
+            return _rdb(url, heartbeat)
         except (IntegrityError, ProgrammingError) as e:
             # Workers started together on an empty database all create Optuna's tables; the
             # losers fail (optuna#1092) and find the tables made on the next attempt.
