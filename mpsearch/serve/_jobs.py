@@ -21,7 +21,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
@@ -32,6 +31,7 @@ from typing import Any
 from mpsearch.errors import MpsearchError
 from mpsearch.rundir import RunDir, write_json
 from mpsearch.serve._store import UploadError, new_id, valid_id
+from mpsearch.serve._worker import worker_command
 
 __all__ = ["ACTIVE", "Job", "JobQueue", "worker_command"]
 
@@ -40,18 +40,6 @@ logger = logging.getLogger(__name__)
 ACTIVE = ("queued", "running")
 _KILL_AFTER_S = 10.0
 _EXPORT_TIMEOUT_S = 900.0
-
-
-_BOOT = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
-         "from mpsearch.serve._worker import main; sys.exit(main())")
-
-
-def worker_command(*args: str) -> list[str]:
-    """The command line of a worker process with ``args``: isolated mode (``-I``: neither the
-    current directory, nor ``PYTHON*`` variables, nor the user's site-packages reach
-    ``sys.path``), then the folder holding this very ``mpsearch`` package put first."""
-    root = str(Path(__file__).resolve().parents[2])
-    return [sys.executable, "-I", "-u", "-c", _BOOT, root, *args]
 
 
 def _now() -> str:

@@ -6,6 +6,9 @@ Consumes a run directory prepared by :mod:`mpsearch.serve._jobs` (``job.json`` w
 the same composer: an analysis is :func:`mpsearch.pipeline.analyze_run`, a search
 :func:`mpsearch.pipeline.search_run`, and both end with :func:`mpsearch.write_report`.
 ``export RUN_DIR POINT OUT`` writes one front point with :func:`mpsearch.pipeline.export_point`.
+``data REQUEST_JSON`` decodes one data upload (``.npz``, ``.npy`` or a zip of images) under an
+address-space limit (``RLIMIT_AS``), checks it against the model and saves it as ``.npz``, so a
+hostile upload can only exhaust this process, never the server: see :func:`decode_upload`.
 
 Progress goes to ``RUN_DIR/progress.jsonl`` as data (:class:`mpsearch.progress.JsonlProgress`),
 logs to stderr (the job log); a user-facing error is written as one line to
@@ -17,18 +20,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from mpsearch.errors import MpsearchError
 from mpsearch.progress import JsonlProgress
 from mpsearch.rundir import RunDir
 from mpsearch.spec import load_spec
 
-__all__ = ["main", "run_job"]
+__all__ = ["decode_upload", "main", "run_job", "worker_command"]
 
 logger = logging.getLogger("mpsearch.serve.worker")
 
@@ -49,6 +54,76 @@ def _search(run: RunDir, resume: bool) -> int:
 
 
 _KINDS = {"analysis": _analyze, "search": _search}
+_BOOT = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
+         "from mpsearch.serve._worker import main; sys.exit(main())")
+
+
+def worker_command(*args: str) -> list[str]:
+    """The command line of a worker process with ``args``: isolated mode (``-I``: neither the
+    current directory, nor ``PYTHON*`` variables, nor the user's site-packages reach
+    ``sys.path``), then the folder holding this very ``mpsearch`` package put first."""
+    root = str(Path(__file__).resolve().parents[2])
+    return [sys.executable, "-I", "-u", "-c", _BOOT, root, *args]
+
+
+def _limit_memory(limit: int) -> None:
+    """Cap this process's address space: past it an allocation fails (MemoryError) instead
+    of growing the machine's memory use."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def decode_upload(request: dict[str, Any]) -> dict[str, Any]:
+    """Decode the upload ``request["raw"]`` (kind ``zip``, ``npy`` or ``npz``) within
+    ``request["memory"]`` bytes of address space, check it against ``request["model"]`` and
+    save it as the ``.npz`` ``request["target"]``; returns the samples and whether it has
+    labels. Every problem is a :class:`MpsearchError` naming the stored file."""
+    _limit_memory(int(request["memory"]))
+    import numpy as np
+
+    from mpsearch import ImageOptions, check_signature, load_data, load_model
+    from mpsearch.errors import DataError
+
+    raw, target, kind = Path(request["raw"]), Path(request["target"]), request["kind"]
+    images = ImageOptions.from_dict(request.get("images") or {}) if kind == "zip" else None
+    dataset = load_data(raw, images=images)
+    graph = load_model(request["model"])
+    names = [i.name for i in graph.inputs]
+    if kind == "npy":
+        if len(names) != 1:
+            raise DataError(f"{raw}: a .npy file holds one array and the model has "
+                            f"{len(names)} inputs ({', '.join(names)[:80]}); upload an .npz "
+                            "with one array per input")
+        dataset = dataset.for_inputs(names)
+    check_signature(dataset, graph)
+    if len(dataset) < 2:
+        raise DataError(f"{raw}: {len(dataset)} sample(s); need at least 2 to calibrate and "
+                        "validate")
+    if raw != target:
+        arrays: dict[str, Any] = dict(dataset.inputs)
+        if dataset.labels is not None:
+            arrays["labels"] = dataset.labels
+        partial = target.with_name(f".{target.name}.part")
+        with partial.open("wb") as f:
+            np.savez(f, **arrays)
+        os.replace(partial, target)
+    return {"samples": len(dataset), "labels": dataset.labels is not None}
+
+
+def _data(request_json: str) -> int:
+    request = json.loads(request_json)
+    try:
+        print(json.dumps(decode_upload(request)))
+    except MemoryError:
+        print(f"mpsearch: error: {request['raw']}: decoding it needs more than the "
+              f"{int(request['memory']) / 2**30:.1f} GiB an upload may use; upload less data "
+              "or smaller images", file=sys.stderr)
+        return 2
+    except MpsearchError as e:
+        print(f"mpsearch: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def run_job(run_dir: Path) -> int:
@@ -80,6 +155,8 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["data"]:
+        return _data(args[1])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _on_sigterm)
     run_dir = Path(args[-1] if args[:1] != ["export"] else args[1])
