@@ -85,6 +85,8 @@ class JobQueue:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._cancel_at: dict[str, float] = {}
         self._exports: dict[tuple[str, int], threading.Lock] = {}
+        self._numbers: dict[str, int] = {}
+        self._count = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -151,15 +153,27 @@ class JobQueue:
 
     # -- commands ------------------------------------------------------------------------
     def new_run_dir(self) -> tuple[str, Path]:
+        """A fresh job id (unique: ``mkdir`` fails on a clash) and its run directory; the
+        job's number (:meth:`number`) is taken under the lock, so concurrent submissions
+        never share one."""
         job_id = new_id()
         path = self.runs / job_id
         path.mkdir(parents=True)
+        with self._lock:
+            self._count = max(self._count, len(self._jobs)) + 1
+            self._numbers[job_id] = self._count
         return job_id, path
+
+    def number(self, job_id: str) -> int:
+        """The 1-based number of a job made by :meth:`new_run_dir` (shown in its title)."""
+        with self._lock:
+            return self._numbers.get(job_id, len(self._jobs) + 1)
 
     def submit(self, job: Job) -> Job:
         job = replace(job, state="queued", created=job.created or _now())
         with self._lock:
             self._jobs[job.id] = job
+            self._numbers.pop(job.id, None)
             self._save(job)
         return job
 

@@ -28,27 +28,41 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from mpsearch.errors import MpsearchError
+from mpsearch.errors import MpsearchError, SpecError
 from mpsearch.progress import JsonlProgress
 from mpsearch.rundir import RunDir
-from mpsearch.spec import load_spec
+from mpsearch.spec import SearchSpec, load_spec
 
-__all__ = ["decode_upload", "main", "run_job", "worker_command"]
+__all__ = ["decode_upload", "main", "run_job", "served_spec", "worker_command"]
 
 logger = logging.getLogger("mpsearch.serve.worker")
+
+
+def served_spec(path: Path) -> SearchSpec:
+    """The job's spec, refused if it names Python code: a ``module:function`` metric or data
+    reader is code, which a served job never imports (the CLI runs it, as it runs any script
+    its user chose)."""
+    spec = load_spec(path)
+    if spec.metric is not None and ":" in spec.metric:
+        raise SpecError(f"{path}: metric '{spec.metric[:60]}' is Python code "
+                        "(module:function); the server runs built-in metrics only")
+    if not Path(spec.data).exists():
+        raise SpecError(f"{path}: data '{spec.data[:60]}' is not an uploaded file (a "
+                        "module:function reader is Python code); the server reads uploads only")
+    return spec
 
 
 def _analyze(run: RunDir, resume: bool) -> int:
     from mpsearch.pipeline import analyze_run
 
-    analyze_run(load_spec(run.spec_yaml), run, progress=JsonlProgress(run.progress_jsonl))
+    analyze_run(served_spec(run.spec_yaml), run, progress=JsonlProgress(run.progress_jsonl))
     return 0
 
 
 def _search(run: RunDir, resume: bool) -> int:
     from mpsearch.pipeline import search_run
 
-    result = search_run(load_spec(run.spec_yaml), run, resume=resume,
+    result = search_run(served_spec(run.spec_yaml), run, resume=resume,
                         progress=JsonlProgress(run.progress_jsonl))
     return 0 if result.front.points else 1
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import bz2
 import io
-import lzma
 import struct
 import zipfile
 import zlib
