@@ -25,7 +25,7 @@ import numpy as np
 from mpsearch.errors import DataError
 
 __all__ = ["CORRUPT", "LIMITS", "Budget", "Limits", "check_npz", "first_line", "npy_bytes",
-           "read_npz", "unzip"]
+           "read_npz", "unzip", "zip_members"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +52,9 @@ LIMITS = Limits()
 _RAW_CHUNK = 64 << 10
 _OUT_CHUNK = 1 << 20
 _LOCAL_HEADER = struct.Struct("<4sHHHHHLLLHH")
+#: Most members a zip (an .npz or a zip of images) may list.
+MAX_MEMBERS = 100_000
+_MEMBER_ENTRY = 168  # directory bytes allowed per member (46 fixed, the rest its name)
 
 #: What a truncated or corrupt .npz/.npy raises inside numpy and zipfile.
 CORRUPT = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, KeyError,
@@ -74,9 +77,34 @@ class Budget:
                 "smaller data set, smaller images or a smaller 'size'")
 
 
+def zip_members(path: Path, limit: int = MAX_MEMBERS) -> int:
+    """The member count a zip's end record declares, read before :mod:`zipfile` builds an
+    object per member (a 256 MB directory would take GBs); :class:`DataError` past ``limit``."""
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(max(0, size - 65557))
+        tail = f.read()
+        at = tail.rfind(b"PK\x05\x06")
+        if at < 0 or at + 22 > len(tail):
+            raise zipfile.BadZipFile("File is not a zip file")
+        count, directory = struct.unpack("<HL", tail[at + 10:at + 16])
+        if at >= 20 and tail[at - 20:at - 16] == b"PK\x06\x07":
+            (record,) = struct.unpack("<Q", tail[at - 12:at - 4])  # the zip64 end record
+            f.seek(record)
+            head = f.read(48)
+            if head[:4] == b"PK\x06\x06":
+                count, directory = struct.unpack("<QQ", head[32:48])
+    if count > limit or directory > limit * _MEMBER_ENTRY:  # zipfile reads the whole directory
+        raise DataError(f"{path}: the zip lists {count} members in a {directory}-byte "
+                        f"directory (limit {limit} members); pack fewer files")
+    return int(count)
+
+
 def check_npz(path: Path, limits: Limits) -> None:
     """Refuse an archive by its zip directory alone, before decompressing anything."""
     total = 0
+    zip_members(path)
     with zipfile.ZipFile(path) as archive:
         for info in archive.infolist():
             total += info.file_size
@@ -227,6 +255,7 @@ def unzip(path: Path, limits: Limits, target: Callable[[zipfile.ZipInfo], Path |
     """Unpack the members ``target`` maps to a file (None skips one), each decoded in bounded
     chunks against the budget and the ratio limits; the number of files written."""
     budget, packed, count = Budget(path, limits), [0], 0
+    zip_members(path)
     with zipfile.ZipFile(path) as archive, open(path, "rb") as file:
         for info in archive.infolist():
             out = None if info.is_dir() else target(info)

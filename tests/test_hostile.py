@@ -164,6 +164,16 @@ def _class_link(t: Path) -> str:
     return str(folder)
 
 
+def _many_members(t: Path) -> str:
+    """A zip of images listing 120,000 (empty) files: refused from its end record, before
+    zipfile builds an object per member."""
+    path = t / "many.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        for i in range(120_000):
+            archive.writestr(f"{i}.png", b"")
+    return str(path)
+
+
 def _data_case(build: Callable[[Path], str], message: str) -> tuple[Any, str]:
     return (lambda t, o: _quantize(build(t), o)), message
 
@@ -183,6 +193,9 @@ CASES.update({
     "eight_6000px_pngs": _data_case(
         _big_pngs, "8 images of 6000x6000x3 as float32 takes the data past 4086 MiB decoded "
         "(memory budget 2048 MiB)"),
+    "zip_of_120k_images": _data_case(
+        _many_members, "the zip lists 120000 members in a 6608890-byte directory (limit "
+        "100000 members)"),
     "class_folder_links_to_dot": _data_case(
         _class_link, "(a symlink loop or duplicate); remove the link"),
 })

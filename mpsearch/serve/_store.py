@@ -6,6 +6,8 @@ fixed file name (``model.onnx``, ``data.npz``, ``images/``, ``profile.yaml``), s
 name ever reaches the file system. Every upload is checked with the same API the CLI uses
 (:func:`~mpsearch.graph.load_model`, :func:`~mpsearch.data.load_data` and
 :func:`~mpsearch.data.check_signature`, :func:`~mpsearch.profiles.validate_profile_file`);
+models and data are loaded in a worker process with a memory limit (:func:`_elsewhere`), so
+what an upload expands to never grows the server;
 one that fails is deleted and raises :class:`UploadError` (one line, the stored path replaced
 by the client's file name, plus the offending source line of a profile).
 """
@@ -19,6 +21,7 @@ import re
 import secrets
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,6 +43,9 @@ _DECODE_TIMEOUT_S = 600.0
 #: Address space of the process that decodes one data upload: the data memory budget
 #: (:data:`mpsearch.LIMITS`) plus what Python, NumPy, Pillow and ONNX map on their own.
 UPLOAD_MEMORY = (2 << 30) + (1536 << 20)
+#: Uploads decoded at once (each in its own worker process); the rest wait.
+MAX_DECODERS = 2
+_DECODERS = threading.BoundedSemaphore(MAX_DECODERS)
 
 
 class UploadError(MpsearchError):
@@ -160,14 +166,12 @@ class Store:
                   ) -> Upload:
         """Store and load an ONNX model; its summary is saved beside it (``bundled``: which
         kind of bundled model it is, "demo" or "test fixture")."""
-        from mpsearch import load_model, summarize
-
         shown = display_name(name, "model.onnx")
         upload_id, folder = self._new_dir("models")
         path = folder / "model.onnx"
         with _removed_on_failure(folder, shown):
             copy_limited(src, path, self.max_upload_bytes)
-            summary = summarize(load_model(path)).to_dict()
+            summary = _elsewhere("model", {"path": str(path)})
             write_json(folder / "summary.json", summary)
         info = {"params": summary["params"], "flops": summary["flops"],
                 "nodes": len(summary["nodes"]), "graph": summary["model"],
@@ -212,7 +216,9 @@ class Store:
             if kind == "zip":
                 ImageOptions.from_dict(images or {})  # a bad option is refused before upload
             copy_limited(src, raw, self.max_upload_bytes)
-            info = _decode_elsewhere(raw, target, kind, images or {}, model.path)
+            info = _elsewhere("data", {"raw": str(raw), "target": str(target), "kind": kind,
+                                       "images": dict(images or {}),
+                                       "model": str(model.path)})
             if raw != target:
                 raw.unlink()
         info["model"] = model.id
@@ -238,21 +244,23 @@ class Store:
             return self.add_data(f, name, model, bundled=True)
 
 
-def _decode_elsewhere(raw: Path, target: Path, kind: str, images: Mapping[str, Any],
-                      model: Path) -> dict[str, Any]:
-    """Decode and check ``raw`` in a worker process under :data:`UPLOAD_MEMORY` bytes of
-    address space (:func:`mpsearch.serve._worker.decode_upload`): however the upload expands,
-    only that process grows, and it ends with the request."""
+def _elsewhere(mode: str, request: dict[str, Any]) -> dict[str, Any]:
+    """Decode an upload in a worker process under :data:`UPLOAD_MEMORY` bytes of address
+    space (:func:`mpsearch.serve._worker.decode_upload` for ``data``,
+    :func:`~mpsearch.serve._worker.summarize_upload` for ``model``): however the upload
+    expands, only that process grows, and it ends with the request. At most
+    :data:`MAX_DECODERS` run at once; other uploads wait their turn."""
     from mpsearch.serve._worker import worker_command
 
-    request = {"raw": str(raw), "target": str(target), "kind": kind, "images": dict(images),
-               "model": str(model), "memory": UPLOAD_MEMORY}
+    request = {**request, "memory": UPLOAD_MEMORY}
+    raw = request.get("raw", request.get("path"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1"}
     try:
-        done = subprocess.run(worker_command("data", json.dumps(request)), capture_output=True,
-                              timeout=_DECODE_TIMEOUT_S, env=env, check=False,
-                              stdin=subprocess.DEVNULL)
+        with _DECODERS:
+            done = subprocess.run(worker_command(mode, json.dumps(request)),
+                                  capture_output=True, timeout=_DECODE_TIMEOUT_S, env=env,
+                                  check=False, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
         raise UploadError(f"{raw}: decoding took over {_DECODE_TIMEOUT_S:.0f} s; upload less "
                           "data or smaller images", status=413) from e

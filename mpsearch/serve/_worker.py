@@ -7,8 +7,9 @@ the same composer: an analysis is :func:`mpsearch.pipeline.analyze_run`, a searc
 :func:`mpsearch.pipeline.search_run`, and both end with :func:`mpsearch.write_report`.
 ``export RUN_DIR POINT OUT`` writes one front point with :func:`mpsearch.pipeline.export_point`.
 ``data REQUEST_JSON`` decodes one data upload (``.npz``, ``.npy`` or a zip of images) under an
-address-space limit (``RLIMIT_AS``), checks it against the model and saves it as ``.npz``, so a
-hostile upload can only exhaust this process, never the server: see :func:`decode_upload`.
+address-space limit (``RLIMIT_AS``), checks it against the model and saves it as ``.npz``;
+``model REQUEST_JSON`` loads and summarizes one model upload the same way. A hostile upload
+can only exhaust this process, never the server: see :func:`decode_upload`.
 
 Progress goes to ``RUN_DIR/progress.jsonl`` as data (:class:`mpsearch.progress.JsonlProgress`),
 logs to stderr (the job log); a user-facing error is written as one line to
@@ -33,7 +34,8 @@ from mpsearch.progress import JsonlProgress
 from mpsearch.rundir import RunDir
 from mpsearch.spec import SearchSpec, load_spec
 
-__all__ = ["decode_upload", "main", "run_job", "served_spec", "worker_command"]
+__all__ = ["decode_upload", "main", "run_job", "served_spec", "summarize_upload",
+           "worker_command"]
 
 logger = logging.getLogger("mpsearch.serve.worker")
 
@@ -125,12 +127,26 @@ def decode_upload(request: dict[str, Any]) -> dict[str, Any]:
     return {"samples": len(dataset), "labels": dataset.labels is not None}
 
 
-def _data(request_json: str) -> int:
+def summarize_upload(request: dict[str, Any]) -> dict[str, Any]:
+    """Load the model upload ``request["path"]`` within ``request["memory"]`` bytes of
+    address space and return its summary (:func:`mpsearch.summarize`, as a dict)."""
+    _limit_memory(int(request["memory"]))
+    from mpsearch import load_model, summarize
+
+    summary: dict[str, Any] = summarize(load_model(request["path"])).to_dict()
+    return summary
+
+
+_UPLOADS = {"data": decode_upload, "model": summarize_upload}
+
+
+def _upload(mode: str, request_json: str) -> int:
     request = json.loads(request_json)
     try:
-        print(json.dumps(decode_upload(request)))
+        print(json.dumps(_UPLOADS[mode](request)))
     except MemoryError:
-        print(f"mpsearch: error: {request['raw']}: decoding it needs more than the "
+        print(f"mpsearch: error: {request.get('raw', request.get('path'))}: decoding it needs "
+              f"more than the "
               f"{int(request['memory']) / 2**30:.1f} GiB an upload may use; upload less data "
               "or smaller images", file=sys.stderr)
         return 2
@@ -169,8 +185,8 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["data"]:
-        return _data(args[1])
+    if args[:1] in (["data"], ["model"]):
+        return _upload(args[0], args[1])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _on_sigterm)
     run_dir = Path(args[-1] if args[:1] != ["export"] else args[1])
