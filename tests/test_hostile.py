@@ -282,3 +282,34 @@ def test_image_size_is_budgeted_before_decoding(tmp_path: Path) -> None:
     for dtype in ("V100000000", "object", "U5", "complex128"):
         with pytest.raises(mpsearch.DataError, match="is not a number type"):
             mpsearch.ImageOptions(dtype=dtype)
+
+
+def test_reader_output_counts_against_the_budget(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "big_reader.py").write_text(
+        "import numpy as np\n"
+        "def batches():\n"
+        "    for _ in range(1000):\n"
+        "        yield {'input': np.zeros((256, 1024), np.float32)}\n")  # 1 MiB a batch
+    monkeypatch.syspath_prepend(str(tmp_path))
+    limits = mpsearch.data.Limits(data_bytes=8 << 20)
+    with pytest.raises(mpsearch.DataError, match=r"big_reader:batches: item 4 takes the data "
+                       r"past 10 MiB decoded \(memory budget 8 MiB\)"):
+        mpsearch.load_data("big_reader:batches", limits=limits)
+
+
+def test_links_to_one_image_or_a_parent_folder_are_refused(tmp_path: Path) -> None:
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    (flat / "a.png").write_bytes(forge.png(8, 8))
+    os.symlink("a.png", flat / "b.png")
+    with pytest.raises(mpsearch.DataError, match=r"flat/b.png: the same file as .*flat/a.png "
+                       r"\(a symlink or duplicate\)"):
+        mpsearch.load_data(flat)
+    loop = tmp_path / "loop"
+    (loop / "cat").mkdir(parents=True)
+    (loop / "cat" / "x.png").write_bytes(forge.png(8, 8))
+    os.symlink("..", loop / "cat" / "up")
+    with pytest.raises(mpsearch.DataError, match=r"cat/up: the same folder as .*loop \(a "
+                       r"symlink loop or duplicate\)"):
+        mpsearch.load_data(loop)

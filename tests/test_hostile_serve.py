@@ -242,3 +242,45 @@ def test_served_jobs_refuse_code_in_their_spec(tmp_path: Path, key: str, value: 
     path.write_text(json.dumps(spec))
     with pytest.raises(SpecError, match="Python code"):
         served_spec(path)
+
+
+def test_the_decoder_process_stops_at_its_memory_limit(tmp_path: Path) -> None:
+    """Data within the budget but over the worker's address-space cap: a MemoryError in the
+    worker, reported as one line, never a larger process."""
+    import numpy as np
+
+    from mpsearch.serve._worker import worker_command
+
+    path = tmp_path / "data.npz"
+    np.savez(path, input=np.zeros((200, 1 << 18), np.float32))  # 200 MiB, stored
+    request = {"raw": str(path), "target": str(path), "kind": "npz", "images": {},
+               "model": str(MODEL), "memory": 350 << 20}
+    done = subprocess.run(worker_command("data", json.dumps(request)), capture_output=True,
+                          text=True, check=False)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2, done.stderr
+    assert lines == [f"mpsearch: error: {path}: decoding it needs more than the 0.3 GiB an "
+                     "upload may use; upload less data or smaller images"], done.stderr
+
+
+def test_a_stalled_body_gets_a_408(server: Server) -> None:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    head = (f"POST /models HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+            f"Origin: http://127.0.0.1:{server.port}\r\nX-Mpsearch-Token: {server.token}\r\n"
+            "Accept: application/json\r\nContent-Type: multipart/form-data; boundary=x\r\n"
+            "Content-Length: 100000\r\n\r\n--x\r\n")
+    start = time.monotonic()
+    sock.sendall(head.encode())
+    reply = b""
+    while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        reply += chunk
+    sock.close()
+    waited = time.monotonic() - start
+    status_line, _, rest = reply.partition(b"\r\n")
+    print(f"stalled body: {status_line.decode()} after {waited:.1f} s")
+    assert status_line.startswith(b"HTTP/1.1 408") and 29 < waited < 45
+    assert b"x-content-type-options: nosniff" in rest.lower()
+    assert b"the request body stalled for 30 s" in rest
