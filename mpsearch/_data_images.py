@@ -10,6 +10,7 @@ symlink back into the tree, or two paths to one file, are refused, not loaded tw
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tempfile
@@ -56,6 +57,13 @@ class ImageOptions:
             raise DataError(f"image options: layout '{self.layout}' is not NCHW or NHWC")
         if self.mode not in _CHANNELS:
             raise DataError(f"image options: mode '{self.mode}' is not RGB, L or RGBA")
+        try:
+            finite = all(math.isfinite(float(v)) for v in (self.scale, *self.mean, *self.std))
+        except (TypeError, ValueError):
+            finite = False
+        if not finite:
+            raise DataError(f"image options: scale, mean and std must be finite numbers, got "
+                            f"scale {self.scale}, mean {self.mean}, std {self.std}")
         if any(s == 0 for s in self.std):
             raise DataError(f"image options: std {self.std} contains 0; use 1 to keep a channel")
         for key in ("mean", "std"):
@@ -138,11 +146,11 @@ def image_files(folder: Path) -> tuple[list[Path], np.ndarray | None]:
         files: list[Path] = []
         labels: list[int] = []
         for index, sub in enumerate(classes):
-            found = _walk(sub, seen)
+            found = sorted(_walk(sub, seen))
             files += found
             labels += [index] * len(found)
         return files, np.asarray(labels, dtype=np.int64)
-    return _walk(folder, seen), None
+    return sorted(_walk(folder, seen)), None
 
 
 def _target(size: tuple[int, int], options: ImageOptions) -> tuple[int, int]:

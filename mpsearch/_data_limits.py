@@ -141,7 +141,6 @@ class _Member:
         self.offset = info.header_offset + _LOCAL_HEADER.size + fields[9] + fields[10]
         self.left = info.compress_size  # raw bytes this member may still read
         self.packed = self.decoded = 0
-        self.pending = b""
         self.done = False
         self.flow = self._decompressor(info.compress_type)
 

@@ -151,7 +151,8 @@ def test_bad_fields_and_refusals_get_a_4xx_with_headers(server: Server) -> None:
     model = _model(server)
     tiny = _zip({f"img/{i}.png": forge.png(4, 4) for i in range(6)})
     for field, value in (("image_dtype", "V100000000"), ("image_dtype", "object"),
-                         ("image_size", "8,8,8"), ("image_mean", "1,2")):
+                         ("image_size", "8,8,8"), ("image_mean", "1,2"),
+                         ("image_scale", "1e400"), ("image_size", "0")):
         status, headers, body = server.post_form(f"/models/{model}/data", {field: value},
                                                  ("images.zip", tiny))
         text = _one_sentence(body)
