@@ -3,9 +3,9 @@
 Consumes requests and exceptions; produces responses: JSON ``{"error": message}`` for API
 clients and an HTML page otherwise, one line each (a traceback only reaches the server log).
 :class:`Guard` applies the access rules of :mod:`mpsearch.serve._access` (token, Host,
-cross-site: 400/403), caps request bodies (413) and their pauses (408) and adds the security
-headers to every response, refusals included, with a content security policy that lets pages
-load nothing from other origins.
+cross-site: 400/403), caps request bodies (413), their pauses and their rate (408) and adds
+the security headers to every response, refusals included, with a content security policy
+that lets pages load nothing from other origins.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from mpsearch.serve import _pages as pages
 from mpsearch.serve._access import Access
 from mpsearch.serve._store import UploadError
 
-__all__ = ["BODY_IDLE_S", "CSP", "Guard", "error_handlers", "error_response", "wants_json"]
+__all__ = ["BODY_IDLE_S", "BODY_MIN_RATE", "CSP", "Guard", "error_handlers", "error_response",
+           "wants_json"]
 
 logger = logging.getLogger("mpsearch.serve")
 
@@ -37,6 +38,8 @@ _FORM_SLACK = 64 * 1024  # multipart headers and small fields around the file
 #: Longest wait for the next piece of a request body (the header timeout is the server's:
 #: see :mod:`mpsearch.cli._serve`).
 BODY_IDLE_S = 30.0
+#: Slowest average rate a request body may come at, after its first BODY_IDLE_S seconds.
+BODY_MIN_RATE = 10_000.0
 
 
 def wants_json(request: Request) -> bool:
@@ -94,12 +97,16 @@ class Guard:
                                             status_code=303)
                 await response(scope, receive, headers)
                 return
-        limit, seen = self.max_bytes + _FORM_SLACK, 0
+        limit, seen, first = self.max_bytes + _FORM_SLACK, 0, 0.0
 
         async def limited() -> Message:
-            nonlocal seen
-            try:  # a body that stalls holds a connection and a worker thread: drop it
-                msg = await asyncio.wait_for(receive(), BODY_IDLE_S)
+            nonlocal seen, first
+            now = asyncio.get_running_loop().time()
+            first = first or now
+            # a body that pauses, or trickles, holds a connection and a worker thread
+            wait = min(BODY_IDLE_S, first + BODY_IDLE_S + seen / BODY_MIN_RATE - now)
+            try:
+                msg = await asyncio.wait_for(receive(), max(0.0, wait))
             except asyncio.TimeoutError:
                 raise _Stalled from None
             seen += len(msg.get("body", b""))
@@ -114,8 +121,10 @@ class Guard:
                 await error_response(request, self._too_large(), 413)(scope, receive, headers)
         except _Stalled:
             if not started:
-                await error_response(request, f"the request body stalled for {BODY_IDLE_S:.0f} "
-                                     "s; send it again", 408)(scope, receive, headers)
+                await error_response(
+                    request, f"the request body paused for {BODY_IDLE_S:.0f} s or came slower "
+                    f"than {BODY_MIN_RATE / 1000:.0f} kB/s; send it again", 408,
+                )(scope, receive, headers)
 
     def _too_large(self) -> str:
         return (f"upload too large: the limit is {self.max_bytes / 1e6:.1f} MB; restart "
