@@ -221,7 +221,7 @@ class _App:
             config = parse_form(fields, model=model.path, data=data.path, profile=profile,
                                 labels=bool(data.info.get("labels", True)))
             job_id, run_dir = self.queue.new_run_dir()
-            title = _title(len(self.queue.list()) + 1, config, model, label)
+            title = _title(self.queue.number(job_id), config, model, label)
             commands = await run_in_threadpool(write_spec, run_dir, config, title=title,
                                                name=model.name)
         except UploadError as err:
