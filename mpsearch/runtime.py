@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -327,6 +328,8 @@ def create_plugin_session(
     try:
         with _native_log(capture_log) as read:
             session = ort.InferenceSession(os.fspath(model), options)
+        # a failed run must fail, not be retried silently on the CPU EP alone
+        session.disable_fallback()
     except Exception as e:
         raise ModelError(f"{name}: {ep_name} cannot run the model ({_first_line(e)})") from e
     return Session(session, name), read()
@@ -334,20 +337,25 @@ def create_plugin_session(
 
 @contextlib.contextmanager
 def _native_log(capture: bool) -> Iterator[Any]:
-    """Redirect file descriptor 2 to a temporary file while the block runs (when
-    ``capture``); yields a function returning what was written there."""
+    """While the block runs, send what native code prints to stdout to stderr instead (the
+    QNN backend prints a line there as it loads, which would corrupt a command's JSON), and
+    with ``capture`` both to a temporary file; yields a function returning what was
+    captured."""
     text: list[str] = []
-    if not capture:
-        yield lambda: ""
-        return
-    saved = os.dup(2)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2))
     with tempfile.TemporaryFile() as file:
-        os.dup2(file.fileno(), 2)
+        if capture:
+            os.dup2(file.fileno(), 2)
+        os.dup2(2, 1)
         try:
             yield lambda: "".join(text)
         finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
             file.seek(0)
             text.append(file.read().decode("utf-8", errors="replace"))
 

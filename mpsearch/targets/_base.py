@@ -58,6 +58,7 @@ class Compiled:
     log: str = ""
     notes: tuple[str, ...] = ()
     settings: Mapping[str, Any] = field(default_factory=dict)
+    source: Path | None = None  # the model file the toolchain was given (static shapes)
 
     @property
     def fallback(self) -> tuple[Placement, ...]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import logging
 import re
 import statistics
 from collections.abc import Mapping, Sequence
@@ -30,6 +31,8 @@ from mpsearch.targets._base import ACCELERATOR, CPU, Compiled, Placement
 from mpsearch.targets._static import fix_shapes
 
 __all__ = ["SETTINGS", "QnnToolchain"]
+
+logger = logging.getLogger(__name__)
 
 EP = "QNNExecutionProvider"
 #: Profile settings this adapter reads (provider options of the QNN EP).
@@ -76,6 +79,10 @@ class QnnToolchain:
 
         return str(onnxruntime_qnn.get_library_path()), str(onnxruntime_qnn.__version__)
 
+    def version(self) -> str:
+        """``onnxruntime-qnn X`` (the QNN SDK's version shows in :attr:`Compiled.version`)."""
+        return f"onnxruntime-qnn {self._library()[1]}, onnxruntime {ort_version()}"
+
     @staticmethod
     def provider_options(settings: Mapping[str, Any]) -> dict[str, str]:
         unknown = sorted(set(settings) - set(SETTINGS))
@@ -103,7 +110,7 @@ class QnnToolchain:
         artifact = workdir / "model_ctx.onnx"
         for old in (artifact, *workdir.glob("model_ctx*.bin")):  # the EP will not overwrite
             old.unlink(missing_ok=True)
-        self._sessions.pop(artifact, None)
+        self._sessions.clear()  # a file of this work directory is about to change
         options = self.provider_options(settings)
         config = {"ep.context_enable": "1", "ep.context_file_path": str(artifact),
                   "ep.context_embed_mode": "0"}
@@ -124,7 +131,8 @@ class QnnToolchain:
             cost["context_bytes"] = float(sum(b.stat().st_size for b in binaries))
         return Compiled(toolchain=self.name, version=full, placements=placements, cost=cost,
                         artifact=artifact if artifact.is_file() else None,
-                        log="\n".join(lines[-200:]), notes=notes, settings=dict(settings))
+                        log="\n".join(lines[-200:]), notes=notes, settings=dict(settings),
+                        source=source)
 
     def _profile(self, artifact: Path, workdir: Path, library: str, options: Mapping[str, str],
                  sample: Mapping[str, np.ndarray]) -> tuple[float | None, dict[str, float]]:
@@ -134,23 +142,31 @@ class QnnToolchain:
         path = workdir / "profile.csv"
         path.unlink(missing_ok=True)
         profiled = {**options, "profiling_level": "detailed", "profiling_file_path": str(path)}
-        session, _ = create_plugin_session(artifact, ep_name=EP, library=library,
-                                           provider_options=profiled)
-        for _ in range(_PROFILE_RUNS):
-            session.run(sample)
+        try:
+            session, _ = create_plugin_session(artifact, ep_name=EP, library=library,
+                                               provider_options=profiled)
+            for _ in range(_PROFILE_RUNS):
+                session.run(sample)
+        except MpsearchError as e:  # e.g. QNN_GRAPH_ERROR_SET_PROFILE on some graphs
+            logger.warning("qnn: no cycle counts for %s (%s)", artifact, e)
+            return None, {}
         del session  # the CSV is complete once the session is released
         return _read_cycles(path)
 
     def run(self, compiled: Compiled, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        if compiled.artifact is None:
-            raise TargetError("qnn: the compiled model has no context binary to run")
-        session = self._sessions.get(compiled.artifact)
+        # the context model; without one (the EP took no node) the model as given, whose
+        # every node then runs on ONNX Runtime's CPU EP
+        path = compiled.artifact or compiled.source
+        if path is None:
+            raise TargetError("qnn: the compiled model has neither a context binary nor a "
+                              "source model to run")
+        session = self._sessions.get(path)
         if session is None:
             library, _ = self._library()
             session, _ = create_plugin_session(
-                compiled.artifact, ep_name=EP, library=library,
+                path, ep_name=EP, library=library,
                 provider_options=self.provider_options(compiled.settings))
-            self._sessions = {compiled.artifact: session}  # one open context at a time
+            self._sessions = {path: session}  # one open context at a time
         outputs = session.run(inputs)
         return [outputs[name] for name in session.output_names]
 
