@@ -335,7 +335,8 @@ def search_run(
             write_analysis(run, analysis, model_size(prepared.graph, prepared.profile, {}))
         result = run_search(measurer, prepared.summary, spec, run_dir=run.path, resume=resume,
                             inputs=inputs, progress=progress,
-                            refusal=None if verifier is None else verifier.refusal)
+                            refusal=verifier.refusal if verifier is not None
+                            and spec.verify == "toolchain" else None)
         with _spec_measuring(prepared, spec, held_data, run, "held-out") as held:
             front = held_out_front(prepared.summary, spec, result, held, measurer,
                                    progress)
@@ -353,15 +354,15 @@ def search_run(
 
 def _verifier(spec: SearchSpec, prepared: Prepared, run_dir: Path, data: Dataset
               ) -> TargetVerifier | None:
-    """The profile's toolchain for ``verify: toolchain`` (None otherwise); its work files go
-    to the run directory's ``targets/``."""
-    if spec.verify != "toolchain":
+    """The profile's toolchain for ``verify: toolchain`` or ``front`` (None otherwise); its
+    work files go to the run directory's ``targets/``."""
+    if spec.verify == "none":
         return None
     try:
         return TargetVerifier(prepared.quantizer(), run_dir / "targets",
                               next(iter(data.batches(1))))
     except TargetError as e:
-        raise SpecError(f"{spec.path or 'search spec'}: verify: toolchain: {e}") from e
+        raise SpecError(f"{spec.path or 'search spec'}: verify: {spec.verify}: {e}") from e
 
 
 def check_profile_claims(

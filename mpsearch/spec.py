@@ -44,10 +44,11 @@ OBJECTIVES = ("metric", "size", "latency")
 SEARCH_SCORES = ("auto", "metric", "sqnr")
 #: Activation range methods of a calibration table (see :meth:`CalibrationTable.range`).
 METHODS = ("minmax", "percentile", "entropy", "mse")
-#: ``verify``: ``toolchain`` runs the profile's toolchain on every configuration (one that
-#: would not run wholly on the accelerator is infeasible) and on the front points (their
-#: held-out metric as the target computes it, placement, cost); ``none`` does not.
-VERIFY = ("none", "toolchain")
+#: ``verify``: ``toolchain`` runs the profile's toolchain on every configuration (one the
+#: target would not run wholly on its accelerator, or cannot compile, is infeasible) and on
+#: the front points (their held-out metric as the target computes it, placement, cost);
+#: ``front`` only on the front points (fallback allowed, and shown); ``none`` not at all.
+VERIFY = ("none", "front", "toolchain")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

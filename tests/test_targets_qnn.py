@@ -154,3 +154,71 @@ def test_unknown_settings_and_toolchains_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match="unknown setting"):
         ToolchainRef(name="qnn", settings={"target_platform": "rk3588"})
     assert load_profile("qnn_htp").toolchain == ToolchainRef(name="qnn", settings=SETTINGS)
+
+
+def _demo_spec(tmp_path: Path, verify: str, trials: int = 4) -> Path:
+    spec = tmp_path / "demo_qnn.yaml"
+    spec.write_text(
+        f"model: {DEMO_MODEL}\nprofile: qnn_htp\n"
+        f"data: {{source: {DEMO_DATA}, calibration: 128, held_out: 0.5, seed: 0}}\n"
+        "metric: accuracy\nobjectives: [metric, size]\nbudget: {trials: " + str(trials) + "}\n"
+        f"analysis: false\nseed: 0\nverify: {verify}\n")
+    return spec
+
+
+def test_verified_search_reports_the_emulators_metric_and_exports_a_binary_that_agrees(
+        tmp_path: Path) -> None:
+    """``verify: toolchain``: every front point runs wholly on the HTP and carries the
+    emulator's held-out metric; ``export --target`` writes the context binary, and a session
+    of our own on it scores what the front says."""
+    import onnxruntime_qnn
+
+    from mpsearch.pipeline import _splits, export_point, prepare, search_run
+    from mpsearch.spec import load_spec
+
+    spec = load_spec(_demo_spec(tmp_path, "toolchain"))
+    run = search_run(spec, tmp_path / "run")
+    assert run.front.points
+    held = _splits(prepare(spec), spec)[1]
+    assert held.labels is not None
+    x, labels = held.inputs["input"], held.labels
+    for point in run.front.points:
+        placed = point.target_placement
+        assert placed is not None and placed["fallback"] == [] and placed["toolchain"] == "qnn"
+        assert point.target_metric is not None and point.target_cost is not None
+        assert abs(point.target_metric - point.metric) <= 0.02
+    built = export_point(tmp_path / "run", 0, tmp_path / "point0.onnx", target=True)
+    assert built.target_artifact == tmp_path / "point0_qnn" / "model_ctx.onnx"
+    assert built.target_metric == run.front.points[0].target_metric
+    session, _ = create_plugin_session(
+        built.target_artifact, ep_name=EP, library=onnxruntime_qnn.get_library_path(),
+        provider_options={"backend_type": "htp", "htp_arch": "73",
+                          "offload_graph_io_quantization": "0"},
+        config={"session.disable_cpu_ep_fallback": "1"})
+    own = _accuracy(session.run({"input": x})["logits"], labels)
+    assert own == built.target_metric
+
+
+def test_profiles_check_reports_the_toolchains_verdicts(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "mpsearch", "profiles", "check", "qnn_htp",
+                          "--ops", "Conv,Gelu", "--json"], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 1, out.stderr  # float Gelu does not load on the HTP
+    report = json.loads(out.stdout)
+    rows = {(r["op_type"], r["format"]): r for r in report["probes"]}
+    assert report["settings"] == {"htp_arch": 73}
+    for fmt, precision in (("int8", "int8"), ("int16", "int16"), ("fp16", "fp16")):
+        conv = rows[("Conv", fmt)]
+        assert (conv["unit"], conv["precision"], conv["agrees"]) == (
+            "accelerator", precision, True)
+    # the float Conv is the HTP's too, computed in half precision
+    assert rows[("Conv", "fp32")]["unit"] == "accelerator"
+    assert rows[("Conv", "fp32")]["precision"] == "fp16"
+    gelu = rows[("Gelu", "fp16")]  # not offered any more: the toolchain cannot finalize it
+    assert gelu["claimed"] == "no" and gelu["unit"] == "error" and gelu["agrees"]
+    assert "QNN_COMMON_ERROR_MEM_ALLOC" in gelu["reason"]
+    assert not rows[("Gelu", "fp32")]["agrees"]

@@ -83,19 +83,23 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _print_targets(points: Any) -> None:
-    """The front re-measured on the profile's toolchain (``verify: toolchain``)."""
-    checked = [p for p in points if p.target_metric is not None]
+    """The front re-measured on the profile's toolchain (``verify: toolchain`` or ``front``)."""
+    checked = [p for p in points if p.target_placement is not None]
     if not checked:
         return
-    name = checked[0].target_placement.get("toolchain", "target")
-    print(f"\non {name} ({checked[0].target_placement.get('version', '')}), held-out:")
+    first = checked[0].target_placement
+    print(f"\non {first.get('toolchain')} ({first.get('version', '')}), held-out:")
     print(f"{'point':>5} {'ORT':>9} {'target':>9} {'diff':>8} {'on CPU':>6} {'cycles':>10}")
     for p in checked:
+        placed = p.target_placement
+        if p.target_metric is None:
+            print(f"{p.index:>5} {p.metric:>9.4f}  not compiled: {placed.get('error')}")
+            continue
         cycles = (p.target_cost or {}).get("cycles")
         print(f"{p.index:>5} {p.metric:>9.4f} {p.target_metric:>9.4f} "
-              f"{p.target_metric - p.metric:>+8.4f} {len(p.target_placement['fallback']):>6} "
+              f"{p.target_metric - p.metric:>+8.4f} {len(placed['fallback']):>6} "
               f"{'-' if cycles is None else f'{cycles:.0f}':>10}")
-        for node in p.target_placement["fallback"]:
+        for node in placed["fallback"]:
             print(f"      cpu  {node['node']}: {node['reason']}")
 
 

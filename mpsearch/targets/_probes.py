@@ -136,12 +136,13 @@ class ProbeResult:
         """The toolchain does what the profile claims: runs the op on the accelerator in the
         format's precision, as ONNX Runtime computes it (within :data:`TOLERANCE`), when the
         profile offers the format there; does not when the profile says the CPU or does not
-        offer it. A toolchain error (the model does not compile) never agrees; a probe our
+        offer it. A toolchain error (the model does not compile) agrees only with a format the
+        profile does not offer; a probe our
         builder cannot make (``skipped``) checks nothing."""
         if self.unit == SKIPPED:
             return True
         if self.unit == "error":  # the toolchain cannot take the model at all
-            return False
+            return self.claimed == "no"
         if self.claimed == "no":
             return self.unit != ACCELERATOR or self.precision != self.expected
         if self.claimed == "cpu":

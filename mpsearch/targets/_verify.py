@@ -83,7 +83,10 @@ class TargetVerifier:
     def refusal(self, assignment: Assignment) -> str | None:
         """None when the target runs ``assignment`` wholly on its accelerator, else why not
         (the search's feasibility check)."""
-        _, compiled = self.compile(assignment)
+        try:
+            _, compiled = self.compile(assignment)
+        except TargetError as e:
+            return f"the toolchain cannot compile it: {e}"
         fallback = compiled.fallback
         if not fallback:
             return None
@@ -103,7 +106,13 @@ class TargetVerifier:
     def point(self, point: FrontPoint, evaluator: Evaluator) -> FrontPoint:
         """``point`` with its target metric, placement and cost."""
         assignment = make_assignment(self.quantizer.graph, self.profile, point.assignment)
-        model, compiled = self.compile(assignment)
+        try:
+            model, compiled = self.compile(assignment)
+        except TargetError as e:  # shown with the point: the target cannot take it at all
+            logger.warning("front point %d: %s", point.index, e)
+            return dataclasses.replace(point, target_placement={
+                "toolchain": self.tool.name, "error": str(e), "fallback": [], "nodes": 0,
+                "on_accelerator": 0, "counts": {}, "placements": []})
         metrics = evaluator.metrics(self.outputs(compiled, model, evaluator))
         metric = metrics[evaluator.primary.name]
         logger.info("front point %d on %s: %s %.4f (ONNX Runtime %.4f), %d node(s) on the CPU",
