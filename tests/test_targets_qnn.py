@@ -222,3 +222,19 @@ def test_profiles_check_reports_the_toolchains_verdicts(tmp_path: Path) -> None:
     assert gelu["claimed"] == "no" and gelu["unit"] == "error" and gelu["agrees"]
     assert "QNN_COMMON_ERROR_MEM_ALLOC" in gelu["reason"]
     assert not rows[("Gelu", "fp32")]["agrees"]
+
+
+def test_verify_is_checked_strictly_and_needs_a_profile_with_a_toolchain(
+        tmp_path: Path) -> None:
+    from mpsearch.errors import SpecError
+    from mpsearch.pipeline import search_run
+    from mpsearch.spec import load_spec
+
+    spec = _demo_spec(tmp_path, "toolchian")
+    with pytest.raises(SpecError, match=r"verify must be one of none, front, toolchain"):
+        load_spec(spec)
+    assert load_spec(_demo_spec(tmp_path, "front")).verify == "front"
+    x86 = _demo_spec(tmp_path, "toolchain")
+    x86.write_text(x86.read_text().replace("profile: qnn_htp", "profile: x86_ort"))
+    with pytest.raises(SpecError, match="profile x86_ort names no toolchain"):
+        search_run(load_spec(x86), tmp_path / "run")
