@@ -111,7 +111,8 @@ class TargetVerifier:
         except TargetError as e:  # shown with the point: the target cannot take it at all
             logger.warning("front point %d: %s", point.index, e)
             return dataclasses.replace(point, target_placement={
-                "toolchain": self.tool.name, "error": str(e), "fallback": [], "nodes": 0,
+                "toolchain": self.tool.name, "version": toolchain_version(self.tool),
+                "error": str(e), "fallback": [], "nodes": 0,
                 "on_accelerator": 0, "counts": {}, "placements": []})
         metrics = evaluator.metrics(self.outputs(compiled, model, evaluator))
         metric = metrics[evaluator.primary.name]
