@@ -197,6 +197,15 @@ def test_verified_search_reports_the_emulators_metric_and_exports_a_binary_that_
         config={"session.disable_cpu_ep_fallback": "1"})
     own = _accuracy(session.run({"input": x})["logits"], labels)
     assert own == built.target_metric
+    # the report shows each point's target metric beside ORT's, and every node's placement
+    from mpsearch import write_report
+
+    html = write_report(tmp_path / "run").read_text()
+    section = html[html.index('<section id="target">'):]
+    section = section[:section.index("</section>")]
+    first = run.front.points[0]
+    assert f"<td>{first.metric:.4f}</td><td>{first.target_metric:.4f}</td>" in section
+    assert section.count("every node on the target") == len(run.front.points)
 
 
 def test_profiles_check_reports_the_toolchains_verdicts(tmp_path: Path) -> None:
