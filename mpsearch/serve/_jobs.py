@@ -1,6 +1,6 @@
 """Background jobs of ``mpsearch serve``: a small queue of worker processes, one per job.
 
-Consumes jobs whose run directory already holds ``spec.yaml`` (see :mod:`mpsearch._serve_spec`);
+Consumes jobs whose run directory already holds ``spec.yaml`` (see :mod:`mpsearch.serve._spec`);
 produces their run directories (``WORKDIR/runs/{id}/``) through the worker
 (:func:`worker_command`: ``python -I`` with this installed package's folder first on
 ``sys.path``, so no ``mpsearch/`` of the current directory can stand in for it), which calls
@@ -21,7 +21,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
@@ -32,6 +31,7 @@ from typing import Any
 from mpsearch.errors import MpsearchError
 from mpsearch.rundir import RunDir, write_json
 from mpsearch.serve._store import UploadError, new_id, valid_id
+from mpsearch.serve._worker import worker_command
 
 __all__ = ["ACTIVE", "Job", "JobQueue", "worker_command"]
 
@@ -40,18 +40,6 @@ logger = logging.getLogger(__name__)
 ACTIVE = ("queued", "running")
 _KILL_AFTER_S = 10.0
 _EXPORT_TIMEOUT_S = 900.0
-
-
-_BOOT = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
-         "from mpsearch.serve._worker import main; sys.exit(main())")
-
-
-def worker_command(*args: str) -> list[str]:
-    """The command line of a worker process with ``args``: isolated mode (``-I``: neither the
-    current directory, nor ``PYTHON*`` variables, nor the user's site-packages reach
-    ``sys.path``), then the folder holding this very ``mpsearch`` package put first."""
-    root = str(Path(__file__).resolve().parents[2])
-    return [sys.executable, "-I", "-u", "-c", _BOOT, root, *args]
 
 
 def _now() -> str:
@@ -97,6 +85,8 @@ class JobQueue:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._cancel_at: dict[str, float] = {}
         self._exports: dict[tuple[str, int], threading.Lock] = {}
+        self._numbers: dict[str, int] = {}
+        self._count = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -163,15 +153,27 @@ class JobQueue:
 
     # -- commands ------------------------------------------------------------------------
     def new_run_dir(self) -> tuple[str, Path]:
+        """A fresh job id (unique: ``mkdir`` fails on a clash) and its run directory; the
+        job's number (:meth:`number`) is taken under the lock, so concurrent submissions
+        never share one."""
         job_id = new_id()
         path = self.runs / job_id
         path.mkdir(parents=True)
+        with self._lock:
+            self._count = max(self._count, len(self._jobs)) + 1
+            self._numbers[job_id] = self._count
         return job_id, path
+
+    def number(self, job_id: str) -> int:
+        """The 1-based number of a job made by :meth:`new_run_dir` (shown in its title)."""
+        with self._lock:
+            return self._numbers.get(job_id, len(self._jobs) + 1)
 
     def submit(self, job: Job) -> Job:
         job = replace(job, state="queued", created=job.created or _now())
         with self._lock:
             self._jobs[job.id] = job
+            self._numbers.pop(job.id, None)
             self._save(job)
         return job
 
