@@ -8,6 +8,7 @@ Needs PostgreSQL on 127.0.0.1:5432 (``MPSEARCH_TEST_POSTGRES``; ``.ci/run`` star
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import socket
@@ -25,13 +26,13 @@ MODEL = HERE / "fixtures" / "resnet.onnx"
 DATA = HERE / "fixtures" / "digits_eval.npz"
 TRIALS = 12
 
-#: A metric slow enough that both workers are inside a trial at once (accuracy, 0.4 s a call).
+#: A metric slow enough that both workers are inside a trial at once (accuracy, 0.6 s a call).
 SLOW_METRIC = '''
 import time
 import numpy as np
 
 def accuracy(outputs, reference, labels):
-    time.sleep(0.4)
+    time.sleep(0.6)
     return float(np.mean(outputs.argmax(-1) == reference.argmax(-1)))
 
 accuracy.proportion = True
@@ -50,12 +51,17 @@ def _postgres_url() -> str | None:
 
 
 def _running(url: str, study: str) -> list[int]:
+    """The RUNNING trials that started over 0.3 s ago: their heartbeat is recorded (Optuna
+    records the first one as the trial starts; a trial killed before it has none, and
+    Optuna's staleness check never sees it)."""
     try:
         loaded = optuna.load_study(study_name=study, storage=url)
     except KeyError:
         return []
+    now = datetime.datetime.now()
     return [t.number for t in loaded.get_trials(
-        deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))]
+        deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        if t.datetime_start is not None and (now - t.datetime_start).total_seconds() > 0.3]
 
 
 @pytest.mark.skipif(_postgres_url() is None, reason="no PostgreSQL on 127.0.0.1:5432 "
@@ -117,10 +123,14 @@ def test_killed_postgres_worker_trial_is_failed_and_retried(tmp_path: Path) -> N
     assert len(retries) == 1, states
     retry = retries[0]
     assert retry.state == optuna.trial.TrialState.COMPLETE, states
-    assert retry.params == dead.params
+    # The retry runs the parameters the dead trial had chosen (all of them, unless it was
+    # killed before its objective asked for them).
+    assert dead.params.items() <= retry.params.items()
     finished = [t for t in trials if t.state in (optuna.trial.TrialState.COMPLETE,
                                                  optuna.trial.TrialState.PRUNED)]
-    assert len(finished) == TRIALS
-    assert len(trials) == TRIALS + 1  # every trial accounted for: the finished ones and the dead
+    # The retry runs within the budget, or after it when the survivor had finished the
+    # budget before the dead trial went stale.
+    assert len(finished) in (TRIALS, TRIALS + 1)
+    assert len(trials) == len(finished) + 1  # every trial accounted for: finished or the dead
     with psycopg.connect(base, autocommit=True) as connection:
         connection.execute(f"DROP SCHEMA {study} CASCADE")

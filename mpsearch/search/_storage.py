@@ -27,7 +27,7 @@ from mpsearch.rundir import RunDir
 from mpsearch.spec import SearchSpec
 
 __all__ = ["SAMPLERS", "check_inputs", "check_resume", "make_sampler", "open_study",
-           "study_progress"]
+           "settle_dead_trials", "study_progress"]
 
 logger = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -257,6 +257,29 @@ def _retry_interrupted(study: optuna.Study) -> None:
         study.enqueue_trial(dict(trial.params), user_attrs={
             "source": f"retry of interrupted trial {trial.number}"})
         logger.info("trial %d was interrupted; queued again", trial.number)
+
+
+def settle_dead_trials(study: optuna.Study) -> int:
+    """After this worker's last trial, on a database with heartbeats: wait (at most twice the
+    heartbeat and one more beat) until the trials other workers left RUNNING have finished or
+    gone stale; stale ones (their worker died) are failed and queued again. Returns how many
+    such retries wait to run, so the last worker standing runs them and no trial stays
+    RUNNING forever."""
+    storage = study._storage
+    interval = storage.get_heartbeat_interval() if isinstance(storage, RDBStorage) else None
+    if interval is None:
+        return 0
+    deadline = time.monotonic() + float(getattr(storage, "grace_period", 2 * interval)) + interval
+    running = (optuna.trial.TrialState.RUNNING,)
+    while True:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        if not study.get_trials(deepcopy=False, states=running) or time.monotonic() > deadline:
+            break
+        time.sleep(interval)
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    return sum("failed_trial" in t.system_attrs for t in waiting)
 
 
 def study_progress(

@@ -60,7 +60,7 @@ from mpsearch.search._seeds import (
     neighbor,
     seed_assignments,
 )
-from mpsearch.search._storage import open_study
+from mpsearch.search._storage import open_study, settle_dead_trials
 from mpsearch.spec import SearchSpec
 from mpsearch.summary import ModelSummary
 
@@ -423,6 +423,9 @@ def run_search(
             callbacks.append(_progress_callback(spec.trials, objective, progress))
         study.optimize(objective, n_trials=remaining, timeout=spec.timeout_s,
                        gc_after_trial=False, callbacks=callbacks, catch=())
+        retries = settle_dead_trials(study)  # a dead worker's trial, failed and queued again
+        if retries:
+            study.optimize(objective, n_trials=retries, gc_after_trial=False, catch=())
     records = _records(study)
     stopped = None
     unmoved = _unmoved_trials(study)
