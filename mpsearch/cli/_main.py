@@ -31,9 +31,10 @@ from mpsearch.errors import MpsearchError
 
 __all__ = ["main"]
 
-#: Errors writing an output that the user can fix (space, permissions, a path that is a file).
+#: File errors the user can fix (space, permissions, a path that is a file): exit 2.
 _WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
                            errno.EFBIG, errno.ENOTDIR, errno.EISDIR, errno.EEXIST})
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 class _UsageError(Exception):
@@ -122,8 +123,11 @@ def _failure(error: BaseException) -> tuple[int, str]:
         return 2, f"mpsearch: error: {_one_line(str(error))}"
     if isinstance(error, OSError) and error.errno in _WRITE_ERRNOS:
         where = f"'{error.filename}'" if error.filename else "the output"
-        return 2, (f"mpsearch: error: cannot write {where} ({error.strerror or error}); free "
-                   "space or choose another --out")
+        if error.errno in _FULL_ERRNOS:
+            return 2, (f"mpsearch: error: cannot write {where} ({error.strerror or error}); "
+                       "free space or choose another --out")
+        return 2, (f"mpsearch: error: cannot access {where} ({error.strerror or error}); "
+                   "check the path and its permissions")
     if isinstance(error, MemoryError):
         return 2, ("mpsearch: error: out of memory; use fewer or smaller samples, a smaller "
                    "--batch-size, or a machine with more memory")
