@@ -150,9 +150,30 @@ def test_bundled_model_shows_its_summary_profile_and_form(client: TestClient,
         (4, "Run a search"))]
     assert steps == sorted(steps) and steps[-1] < html.index("Model summary")
     assert '<section class="step next" id="step-job">' in html  # the demo's data is there
-    assert "Optional here: the data below is already selected in step 4." in html
+    assert ('<p class="muted" id="data-note">The demo comes with its own data, already '
+            "selected in step 4: bundled demo_data.npz (the demo&#x27;s data).") in html
+    assert "Optional" not in html
     for name in ("max_metric_drop", "sensitivity_samples", "analysis", "held_out"):
         assert f'<small class="help" id="help-{name}">' in html, name
+    # the sensitivity samples field says what the spec does: 32 by default, written 32
+    from mpsearch.spec import SearchSpec
+
+    default = SearchSpec(model="m", profile="p", data="d").sensitivity_limit
+    assert default == 32
+    assert (f'name="sensitivity_samples" id="sensitivity_samples" value="{default}" min="1" '
+            'required="required">') in html
+    assert f"(default {default}, as a spec&#x27;s evaluation.sensitivity_samples)" in html
+    assert 'placeholder="all"' not in html and "64" not in html.split("help-sensitivity")[1][:300]
+    again = client.post("/models/bundled", data={"name": "demo.onnx"})  # a second click
+    assert again.url.path == page.url.path  # the same entry, not a second one
+    assert len(_left(tmp_path / "work", "models")) == 1
+    icon = client.get("/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/x-icon"
+    assert icon.content[:4] == b"\x00\x00\x01\x00"  # an ICO header
+    assert '<link rel="icon" href="/favicon.ico"' in html
+    plotly = client.get("/static/plotly.min.js")  # the report's plotly.js, served locally
+    assert plotly.status_code == 200 and plotly.headers["content-type"].startswith(
+        "text/javascript") and b"plotly.js v" in plotly.content[:400]
     assert '<span class="tag">demo</span>' in client.get("/").text
     for expected in ("30,866", "Conv", "GlobalAveragePool", "Heaviest nodes", "FLOPs",
                      'data-profile="x86_ort"', "uint8 asym per-tensor", "Op rules",
@@ -199,7 +220,12 @@ def test_uploaded_model_steps_confirmation_and_job_names(client: TestClient,
         search["title"].endswith("on x86_ort, 3 trials")
     assert (search["profile"], search["model_name"]) == ("x86_ort", "tiny.onnx")
     jobs = client.get("/").text.split('id="jobs"')[1]
-    assert "<th>profile</th><th>trials</th>" in jobs and "<td>x86_ort</td><td>3</td>" in jobs
+    assert "<th>profile</th><th>kind</th><th>trials</th><th>status</th>" in jobs
+    assert "<td>x86_ort</td><td>search</td><td>3</td>" in jobs
+    assert "<th>best metric (held-out)</th><th>smallest size</th><th>recommendation</th>" in jobs
+    assert ('<td class="settings">minmax, metric auto, held-out 0.5, 48 calibration samples, '
+            "32 sensitivity samples</td>") in jobs
+    assert "bundled:" not in page  # no data offered that was not made for this model
     info = client.get(f"/api/models/{model}").json()["info"]
     assert info["file_bytes"] == tiny[0].stat().st_size and info["weight_bytes"] == 4 * 426
     assert (f"<td>{bytes_text(4 * 426)}</td><td>{bytes_text(tiny[0].stat().st_size)}</td>"

@@ -17,6 +17,8 @@ headers are refused when ``allowed_hosts`` is set; request bodies are capped (41
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import logging
 import re
 import shutil
@@ -51,7 +53,7 @@ from mpsearch.serve._choices import Choices, bundled_files, demo_names
 from mpsearch.serve._http import Guard, error_handlers, error_response, wants_json
 from mpsearch.serve._job_pages import job_page, model_page
 from mpsearch.serve._jobs import ACTIVE, Job, JobQueue
-from mpsearch.serve._progress import job_progress
+from mpsearch.serve._progress import job_progress, read_journal
 from mpsearch.serve._spec import (
     JobConfig,
     image_options,
@@ -60,12 +62,24 @@ from mpsearch.serve._spec import (
     write_spec,
 )
 from mpsearch.serve._store import Store, Upload, UploadError, valid_id
+from mpsearch.serve._summaries import analysis_headline, job_summary
 
 __all__ = ["ServeConfig", "bundled_files", "create_app"]
 
 logger = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent.parent / "static"
+
+
+def plotly_js() -> Path | None:
+    """plotly.js as the ``plotly`` package ships it (the report embeds the same file), found
+    without importing plotly; None when the package is missing."""
+    spec = importlib.util.find_spec("plotly")
+    for folder in (spec.submodule_search_locations or ()) if spec else ():
+        path = Path(folder) / "package_data" / "plotly.min.js"
+        if path.is_file():
+            return path
+    return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,6 +104,7 @@ class _App:
         self.choices = Choices(self.store)
         self.queue = JobQueue(config.workdir, max_running=config.max_running,
                               poll_s=config.poll_s)
+        self.bundling = asyncio.Lock()  # two clicks on "open the demo" make one entry
 
     # -- helpers -------------------------------------------------------------------------
     async def _form(self, request: Request) -> tuple[dict[str, str], UploadFile | None]:
@@ -139,10 +154,15 @@ class _App:
     # -- pages ---------------------------------------------------------------------------
     async def index(self, request: Request, error: UploadError | None = None,
                     status: int = 200) -> Response:
-        html = pages.index_page(self.store.list("models"), self.queue.list(),
+        jobs = self.queue.list()
+        summaries = await run_in_threadpool(self._summaries, jobs)
+        html = pages.index_page(self.store.list("models"), jobs,
                                 list(bundled_files()[0]), self.config.max_upload_bytes, error,
-                                demo=demo_names())
+                                demo=demo_names(), summaries=summaries)
         return HTMLResponse(html, status_code=status)
+
+    def _summaries(self, jobs: tuple[Job, ...]) -> dict[str, dict[str, str]]:
+        return {j.id: job_summary(j, self.queue.run_dir(j.id)) for j in jobs}
 
     async def upload_model(self, request: Request) -> Response:
         _, upload = await self._form(request)
@@ -162,9 +182,20 @@ class _App:
         if source is None:
             return await self.index(request, UploadError("no such bundled model"), 404)
         label = "demo" if source.name in demo_names() else "test fixture"
-        model = await run_in_threadpool(self.store.add_bundled, "models", source, source.name,
-                                        None, label)
+        async with self.bundling:
+            model = self._bundled(source, label)
+            if model is None:
+                model = await run_in_threadpool(self.store.add_bundled, "models", source,
+                                                source.name, None, label)
         return self._created(request, f"/models/{model.id}", model.to_dict())
+
+    def _bundled(self, source: Path, label: str) -> Upload | None:
+        """The copy of the bundled model ``source`` already opened, if any (same name, kind
+        and file size)."""
+        size = source.stat().st_size
+        return next((m for m in self.store.list("models")
+                     if m.info.get("bundled") == label and m.name == source.name
+                     and m.info.get("file_bytes") == size), None)
 
     async def model(self, request: Request) -> Response:
         model = self.store.get("models", request.path_params["id"])
@@ -246,16 +277,22 @@ class _App:
         return HTMLResponse(card)
 
     async def jobs(self, request: Request) -> Response:
+        jobs = self.queue.list()
+        summaries = await run_in_threadpool(self._summaries, jobs)
         if wants_json(request):
-            return JSONResponse({"jobs": [j.to_dict() for j in self.queue.list()]})
-        return HTMLResponse(pages.page("Jobs", pages.jobs_table(self.queue.list())))
+            return JSONResponse({"jobs": [{**j.to_dict(), "summary": summaries[j.id]}
+                                          for j in jobs]})
+        note = ('<p class="muted">Every job of this work directory, newest first: its settings '
+                "and what it found (the held-out metric and size of the shown front), to "
+                "compare runs.</p>")
+        return HTMLResponse(pages.page("Jobs", note + pages.jobs_table(jobs, summaries)))
 
     def _status(self, job: Job) -> dict[str, Any]:
         run_dir = self.queue.run_dir(job.id)
         progress = None
         if job.state == "running":
             progress = job_progress(run_dir, kind=job.kind, trials=job.trials,
-                                    higher_is_better=job.higher_is_better)
+                                    higher_is_better=job.higher_is_better, started=job.started)
         return {"job": job.to_dict(), "progress": progress,
                 "position": self.queue.position(job.id)}
 
@@ -266,11 +303,14 @@ class _App:
             return JSONResponse(status)
         results = await run_in_threadpool(self.choices.results, job, self.queue.run_dir(job.id))
         run_dir = self.queue.run_dir(job.id)
+        headline = (await run_in_threadpool(analysis_headline, run_dir)
+                    if job.kind != "search" and job.state == "done" else None)
         html = job_page(job, progress=status["progress"], **results,
                         has_report=job.state not in ACTIVE
                         and RunDir(run_dir).report_html.is_file(),
                         has_profile=RunDir(run_dir).hw_profile_yaml.is_file(),
-                        run_dir=str(run_dir), position=status["position"])
+                        run_dir=str(run_dir), position=status["position"],
+                        headline=headline)
         return HTMLResponse(html)
 
     async def cancel(self, request: Request) -> Response:
@@ -280,6 +320,24 @@ class _App:
     async def resume(self, request: Request) -> Response:
         job = self.queue.resume(request.path_params["id"])
         return self._created(request, f"/jobs/{job.id}", job.to_dict())
+
+    async def finish(self, request: Request) -> Response:
+        job = self.queue.get(request.path_params["id"])
+        _, finished = await run_in_threadpool(read_journal, self.queue.run_dir(job.id) /
+                                              "study.journal")
+        job = await run_in_threadpool(self.queue.finish, job.id, finished)
+        return self._created(request, f"/jobs/{job.id}", job.to_dict())
+
+    async def favicon(self, request: Request) -> Response:
+        return FileResponse(STATIC / "favicon.ico", media_type="image/x-icon",
+                            headers={"cache-control": "max-age=86400"})
+
+    async def plotly(self, request: Request) -> Response:
+        path = plotly_js()
+        if path is None:
+            raise UploadError("plotly is not installed: pip install plotly", status=404)
+        return FileResponse(path, media_type="text/javascript",
+                            headers={"cache-control": "max-age=86400"})
 
     async def job_file(self, request: Request) -> Response:
         job = self.queue.get(request.path_params["id"])
@@ -369,12 +427,15 @@ def create_app(config: ServeConfig) -> Starlette:
         Route("/jobs/{id}", checked(app.job)),
         Route("/jobs/{id}/cancel", checked(app.cancel), methods=["POST"]),
         Route("/jobs/{id}/resume", checked(app.resume), methods=["POST"]),
+        Route("/jobs/{id}/finish", checked(app.finish), methods=["POST"]),
         Route("/jobs/{id}/export", checked(app.export)),
         Route("/jobs/{id}/{name}", checked(app.job_file)),
         Route("/api/jobs", checked(app.jobs)),
         Route("/api/jobs/{id}", checked(app.job)),
         Route("/api/models/{id}", checked(app.model)),
         Route("/api/profiles", checked(app.profiles_api)),
+        Route("/favicon.ico", app.favicon),
+        Route("/static/plotly.min.js", app.plotly),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     access = Access(config.token, config.allowed_hosts or None)
