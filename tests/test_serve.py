@@ -531,6 +531,9 @@ def test_queue_cancel_resume(tmp_path: Path, tiny: tuple[Path, Path]) -> None:
             "split")
         client.post(f"/jobs/{first}/cancel", headers=JSON)
         _wait(client, first, ("cancelled",), timeout=30)
+        log = (tmp_path / "work" / "runs" / first / "job.log").read_text()
+        assert "mpsearch: cancelled" in log
+        assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
         points, finished = read_journal(tmp_path / "work" / "runs" / first / "study.journal")
         assert finished >= 2 and points
         page = client.get(f"/jobs/{first}").text  # what the cancelled search found
@@ -540,6 +543,9 @@ def test_queue_cancel_resume(tmp_path: Path, tiny: tuple[Path, Path]) -> None:
         chart = json.loads(page.split('id="page-data">')[1].split("</script>")[0])["chart"]
         assert chart["front"] == [list(p) for p in pareto(points, True)]
         assert chart["y"] == "metric (search split)"
+        commands = page.split('id="commands">')[1].split("</pre>")[0]
+        assert "mpsearch search " in commands and "mpsearch export" not in commands
+        assert f'id="finish">Finish with these {finished} trials</button>' in page
         resumed = client.post(f"/jobs/{first}/resume", headers=JSON).json()
         assert resumed["state"] == "queued" and resumed["resume"] is True
         _wait(client, first, ("running",))
@@ -549,6 +555,27 @@ def test_queue_cancel_resume(tmp_path: Path, tiny: tuple[Path, Path]) -> None:
     assert job["state"] == "interrupted"  # the server stopped while it ran
     with _client(tmp_path / "work") as again:  # a restart keeps the jobs
         assert {j["id"] for j in again.get("/api/jobs").json()["jobs"]} == {first, second}
+        # finish the stopped search with the trials it ran: its front becomes exportable
+        _, finished = read_journal(tmp_path / "work" / "runs" / first / "study.journal")
+        done = again.post(f"/jobs/{first}/finish", headers=JSON).json()
+        assert (done["state"], done["trials"]) == ("queued", finished)
+        status = _wait(again, first, ("done", "failed"))
+        assert status["job"]["state"] == "done", status
+        _, after = read_journal(tmp_path / "work" / "runs" / first / "study.journal")
+        assert after == finished  # no new trial ran
+        front = json.loads((tmp_path / "work" / "runs" / first / "front.json").read_text())
+        assert front["points"] and front["evaluations"] >= 0
+        page = again.get(f"/jobs/{first}").text
+        assert f"{finished} of {finished} trials finished" in page and 'id="front"' in page
+        assert "mpsearch export" in page.split('id="commands">')[1]
+        exported = again.get(f"/jobs/{first}/export", params={"point": "0"})
+        assert exported.status_code == 200
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(exported.content, providers=["CPUExecutionProvider"])
+        assert session.run(None, {"input": np.zeros((1, 1, 8, 8), np.float32)})[0].shape == (1, 10)
+        again_done = again.post(f"/jobs/{first}/finish", headers=JSON)
+        assert again_done.status_code == 409  # a finished search has its front already
 
 
 def test_failed_job_shows_one_line(client: TestClient, tiny: tuple[Path, Path]) -> None:

@@ -26,6 +26,7 @@ from types import FrameType
 from mpsearch.errors import MpsearchError
 from mpsearch.progress import JsonlProgress
 from mpsearch.rundir import RunDir
+from mpsearch.serve._quiet import interrupt_later, quiet_cancel
 from mpsearch.spec import load_spec
 
 __all__ = ["main", "run_job"]
@@ -75,12 +76,15 @@ def _export(run_dir: Path, point: int, out: Path) -> int:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    if interrupt_later(frame):  # inside a journal write: the signal comes again shortly
+        return
     raise KeyboardInterrupt  # Optuna marks the running trial failed; the journal stays clean
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    quiet_cancel()  # a cancel is not a crash: no traceback of it in job.log
     signal.signal(signal.SIGTERM, _on_sigterm)
     run_dir = Path(args[-1] if args[:1] != ["export"] else args[1])
     try:
