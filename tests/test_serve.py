@@ -490,7 +490,7 @@ def test_cross_site_and_tokenless_requests_are_refused(tmp_path: Path) -> None:
                     headers={"x-mpsearch-token": TOKEN, "host": "127.0.0.1:9"}) as api:
         created = api.post(**post, headers={"origin": "http://127.0.0.1:9", **JSON})
         assert created.status_code == 201, created.text  # a script with the token header
-    assert len(_left(work, "models")) == 2
+    assert len(_left(work, "models")) == 1  # both opened the demo: one entry, reused
 
 
 def test_internal_errors_are_messages(client: TestClient, monkeypatch: pytest.MonkeyPatch,
@@ -529,6 +529,10 @@ def test_queue_cancel_resume(tmp_path: Path, tiny: tuple[Path, Path]) -> None:
         assert progress["stage"] == "search" and progress["message"] == (
             "searching: each trial builds one configuration and measures it on the search "
             "split")
+        whole = progress["overall"]
+        assert whole["phases"][whole["index"]] == "search" and whole["estimate"] is True
+        if whole["left"] is not None:  # known after two search reports
+            assert whole["left"] > 0 and whole["upper"] is True and 0 < whole["fraction"] < 1
         client.post(f"/jobs/{first}/cancel", headers=JSON)
         _wait(client, first, ("cancelled",), timeout=30)
         log = (tmp_path / "work" / "runs" / first / "job.log").read_text()
@@ -628,15 +632,26 @@ def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
     assert 'id="front"' in page and 'iframe id="report"' in page and "--resume" in page
     assert page.index('id="results"') < page.index('iframe id="report"')  # the front first
     front = json.loads((run_dir / "front.json").read_text())
+    shown = [p for p in front["points"] if p.get("shown", not p.get("dominated", False))]
+    hidden = [p for p in front["points"] if p not in shown]
     assert ('<p id="front-summary">3 of 3 trials finished (all runs of this job); '
-            f'{len(front["points"])} point(s) on the front.') in page
+            f'{len(shown)} point(s) on the front') in page
+    assert (f", {len(hidden)} more beaten on the held-out re-measure" in page) == bool(hidden)
+    assert '<p id="recommendation" class="recommendation"><b>Recommendation:</b> ' in page
     assert "accuracy (held-out split)</th><th>accuracy (search split)</th><th>weights</th>" \
-        "<th>file</th>" in page
-    assert f'<td class="weights">{bytes_text(front["points"][0]["size"])}</td>' in page
+        "<th>file</th><th>latency, batch 1</th>" in page
+    assert f'<td class="weights">{bytes_text(shown[0]["size"])}</td>' in page
     assert '<td class="file"><span class="muted">on export</span></td>' in page
+    fp32 = page.split('<tr class="baseline" data-baseline="fp32">')[1].split("</tr>")[0]
+    assert f'<td class="metric">{front["fp32"]["metric"]:.4f}</td>' in fp32
+    for key in front["uniform"]:  # every uniform baseline has its row
+        assert f'<tr class="baseline" data-baseline="{key}">' in page, key
     chart = json.loads(page.split('id="page-data">')[1].split("</script>")[0])["chart"]
-    assert chart["y"] == "accuracy (held-out split)" and chart["front"] == [
-        [p["metric"], p["size"]] for p in front["points"]]
+    assert chart["y"] == "accuracy (held-out split)" and [
+        [p["metric"], p["size"]] for p in chart["points"] if p["shown"]] == [
+        [p["metric"], p["size"]] for p in shown]
+    assert [m["label"] for m in chart["marks"]][0] == "FP32"
+    assert '<script src="/static/plotly.min.js"></script>' in page
     report = client.get(f"/jobs/{job}/report")
     assert report.headers["content-type"].startswith("text/html") and "Plotly" in report.text
     header = report.text[:report.text.index("<nav>")]  # the upload's name, no server folder
@@ -699,6 +714,43 @@ def test_progress_is_read_as_data(tmp_path: Path) -> None:
     study.ask()  # a running trial is not finished
     points, finished = read_journal(journal)
     assert finished == 4 and pareto(points, higher=True) == [(0.8, 50.0), (0.9, 100.0)]
+
+
+def test_overall_progress_is_an_honest_estimate() -> None:
+    """The whole job's estimate: stages in order, the search's time left from its own trials
+    (an upper bound under patience, the held-out re-measure counted), none before it starts."""
+    from mpsearch.serve._progress import overall
+
+    spec = {"analysis": False, "seeding": True, "data": {"held_out": 0.5},
+            "budget": {"patience": 20}}
+    t0 = 1_000.0
+    records = [
+        {"stage": "calibrate", "done": 0, "total": 64, "elapsed": 0.0, "time": t0 + 1},
+        {"stage": "calibrate", "done": 64, "total": 64, "elapsed": 2.0, "time": t0 + 3},
+        {"stage": "group costs", "done": 5, "total": 20, "elapsed": 1.0, "time": t0 + 5}]
+    early = overall(records, kind="search", spec=spec, started="1970-01-01T00:16:40+00:00",
+                    trials=100, now=t0 + 6)
+    assert early["phases"] == ["loading and calibration", "seeding", "search",
+                               "held-out re-measure"]
+    assert (early["index"], early["elapsed"], early["left"], early["fraction"]) == (
+        1, 6.0, None, None)  # the search has not started: no time left is claimed
+    assert early["notes"] == ["the time left shows once the search's first trials finish"]
+    records += [{"stage": "search", "done": 10, "total": 100, "elapsed": 0.0, "time": t0 + 10},
+                {"stage": "search", "done": 30, "total": 100, "elapsed": 10.0,
+                 "time": t0 + 20}]
+    mid = overall(records, kind="search", spec=spec, started="1970-01-01T00:16:40+00:00",
+                  trials_done=30, trials=100, front_size=4, now=t0 + 20)
+    # 0.5 s a trial: 70 trials left, then 4 front points re-measured on as many samples
+    assert mid["index"] == 2 and mid["left"] == pytest.approx(0.5 * (70 + 4))
+    assert mid["upper"] is True and mid["fraction"] == pytest.approx(20 / (20 + 37))
+    assert "at most: the patience stop can end the search sooner" in mid["notes"]
+    no_patience = overall(records, kind="search", spec={**spec, "budget": {"patience": 0}},
+                          started="1970-01-01T00:16:40+00:00", trials_done=30, trials=100,
+                          front_size=4, now=t0 + 20)
+    assert no_patience["upper"] is False
+    resumed = overall(records, kind="search", spec=spec,  # an older run's records: ignored
+                      started="1970-01-01T00:17:05+00:00", trials=100, now=t0 + 27)
+    assert (resumed["index"], resumed["elapsed"], resumed["left"]) == (0, 2.0, None)
 
 
 def _serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], str]:

@@ -21,6 +21,9 @@ __all__ = ["Latency", "baselines", "chart_data", "is_shown", "latency", "ratio_t
 Latency = tuple[float | None, tuple[float, float] | None]
 """A latency in ms and its spread ([low, high] ms), each None when unknown."""
 
+#: relative latency differences below this read "about as fast as FP32" (timing noise)
+_SAME = 0.05
+
 #: baseline key in ``front.json`` -> the label the page gives it
 _LABELS = {"fp32": "FP32", "int8": "uniform INT8", "int16": "uniform INT16",
            "fp16": "uniform FP16", "fp16w": "uniform FP16 weights",
@@ -85,18 +88,15 @@ def latency(entry: Mapping[str, Any], batch: bool = False) -> Latency:
 
 def speed_words(value: Latency, fp32: Latency) -> str | None:
     """``value`` against FP32's in words: "1.52× faster than FP32", "2.69× slower than FP32",
-    or "as fast as FP32 (within the spread)" when the two spreads overlap; None if unknown."""
+    "about as fast as FP32" within 5 %, or "as fast as FP32 (within the spread)" when the two
+    spreads overlap; None if unknown."""
     (ms, spread), (ref, ref_spread) = value, fp32
     if ms is None or ref is None or ms <= 0 or ref <= 0:
         return None
     if spread is not None and ref_spread is not None and (
             spread[0] <= ref_spread[1] and ref_spread[0] <= spread[1]):
         return "as fast as FP32 (within the spread)"
-    if ms < ref:
-        return f"{ref / ms:.2f}× faster than FP32"
-    if ms > ref:
-        return f"{ms / ref:.2f}× slower than FP32"
-    return "as fast as FP32"
+    return ratio_text(ms / ref, None)
 
 
 def ratio_text(ratio: float | None, source: str | None) -> str | None:
@@ -104,11 +104,11 @@ def ratio_text(ratio: float | None, source: str | None) -> str | None:
     if ratio is None or ratio <= 0:
         return None
     how = " (profile estimate)" if source == "estimated" else ""
+    if abs(ratio - 1.0) < _SAME:
+        return f"about as fast as FP32{how}"
     if ratio < 1:
         return f"{1 / ratio:.2f}× faster than FP32{how}"
-    if ratio > 1:
-        return f"{ratio:.2f}× slower than FP32{how}"
-    return f"as fast as FP32{how}"
+    return f"{ratio:.2f}× slower than FP32{how}"
 
 
 def baselines(front: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
@@ -183,20 +183,30 @@ def chart_data(front: Mapping[str, Any] | None, partial: Mapping[str, Any] | Non
         metric = str(front.get("metric", "metric"))
         fp32 = front.get("fp32") or {}
         batch = front.get("latency_batch")
+        batch_name = f"batch {batch}" if batch else "batch N"
+        bases = baselines(front)
+        same = {(float(b["metric"]), int(b["size"])): label for _, label, b in bases}
+        shown_at = {(float(p["metric"]), int(p["size"])): int(p.get("index", 0))
+                    for p in _points(front) if is_shown(p)}
         points = []
         for p in _points(front):
             k = int(p.get("index", 0))
             by = p.get("beaten_by") or "another point"
-            label = f"point {k}" + ("" if is_shown(p) else f" (hidden: beaten by {by})")
+            twin = same.get((float(p["metric"]), int(p["size"])))
+            label = (f"point {k}" + (f" = {twin}" if twin else "")
+                     + ("" if is_shown(p) else f" (hidden: beaten by {by})"))
             points.append({"index": k, "metric": float(p["metric"]), "size": int(p["size"]),
                            "ms": latency(p)[0], "shown": is_shown(p),
-                           "hover": _hover(label, p, metric, fp32).replace(
-                               "batch N", f"batch {batch}" if batch else "batch N")})
-        marks = [{"label": label, "metric": float(b["metric"]), "size": int(b["size"]),
-                  "ms": latency(b)[0],
-                  "hover": _hover(label, b, metric, fp32).replace(
-                      "batch N", f"batch {batch}" if batch else "batch N")}
-                 for _, label, b in baselines(front)]
+                           "hover": _hover(label, p, metric, fp32).replace("batch N",
+                                                                           batch_name)})
+        marks = []
+        for _, label, b in bases:  # a baseline on a shown point names it and selects it
+            twin_of = shown_at.get((float(b["metric"]), int(b["size"])))
+            name = label + ("" if twin_of is None else f" = point {twin_of}")
+            marks.append({"label": label, "metric": float(b["metric"]), "size": int(b["size"]),
+                          "ms": latency(b)[0], "index": twin_of,
+                          "hover": _hover(name, b, metric, fp32).replace("batch N",
+                                                                         batch_name)})
         selected, _ = recommended_index(front)
         return {"kind": "front", "points": points, "marks": marks, "selected": selected,
                 "y": f"{metric} (held-out split)", "x": "weights (bytes)",

@@ -259,7 +259,8 @@ def job_page(job: Any, *, progress: Mapping[str, Any] | None, front: Mapping[str
             f'src="/jobs/{job.id}/report" title="report"></iframe></section>')
     if job.commands:
         exportable = front is not None and bool(front.get("points"))
-        later = ("" if exportable or job.kind != "search" else
+        stopped = job.state in ("cancelled", "failed", "interrupted")
+        later = ("" if exportable or job.kind != "search" or not stopped else
                  " <code>mpsearch export</code> works once the search has finished (Resume, or "
                  "Finish with the trials it ran).")
         parts.append("<section><h2>From the command line</h2><p class=\"muted\">The same "

@@ -33,7 +33,7 @@ __all__ = ["job_progress", "overall", "pareto", "read_journal", "read_records",
 
 _MAX_LOG_BYTES = 8 << 20
 _FRONT_POINTS = 12  # the most points the held-out stage re-measures (the search's FRONT_POINTS)
-_PHASES = {"calibrate": "calibration", "sensitivity": "per-node analysis",
+_PHASES = {"calibrate": "loading and calibration", "sensitivity": "per-node analysis",
            "reverse": "per-node analysis", "proxy": "per-node analysis",
            "curve": "per-node analysis", "group costs": "seeding", "search": "search",
            "held-out": "held-out re-measure"}
@@ -118,8 +118,8 @@ def _phase(stage: str) -> str:
 def _phases(kind: str, spec: Mapping[str, Any]) -> list[str]:
     """The stages a job of ``kind`` goes through with ``spec.yaml``'s settings, in order."""
     if kind != "search":
-        return ["calibration", "per-node analysis"]
-    out = ["calibration"]
+        return ["loading and calibration", "per-node analysis"]
+    out = ["loading and calibration"]
     if spec.get("analysis", True):
         out.append("per-node analysis")
     if spec.get("seeding", True):

@@ -165,6 +165,11 @@
     var traces = [
       {x: pick(line, "size"), y: pick(line, "metric"), mode: "lines", name: "front",
        line: {color: "#9ab", width: 1, shape: "hv"}, hoverinfo: "skip", showlegend: false},
+      {x: pick(c.marks, "size"), y: pick(c.marks, "metric"), mode: "markers+text", name: "baselines",
+       customdata: pick(c.marks, "index"),
+       text: pick(c.marks, "label"), textposition: "bottom center", textfont: {size: 10, color: "#a33"},
+       hovertext: pick(c.marks, "hover"), hoverinfo: "text",
+       marker: {symbol: "square-open", size: 15, color: "#d62728", line: {width: 2}}},
       {x: pick(shown, "size"), y: pick(shown, "metric"), mode: "markers", name: "front points",
        customdata: pick(shown, "index"), hovertext: pick(shown, "hover"), hoverinfo: "text",
        marker: timed ? {size: 11, color: shown.map(function (p) { return p.ms === null ? NaN : p.ms; }),
@@ -172,10 +177,6 @@
                         colorbar: {title: {text: c.colour, side: "right"}, thickness: 12},
                         line: {color: "#333", width: 1}}
                      : {size: 11, color: "#1f77b4", line: {color: "#333", width: 1}}},
-      {x: pick(c.marks, "size"), y: pick(c.marks, "metric"), mode: "markers+text", name: "baselines",
-       text: pick(c.marks, "label"), textposition: "bottom center", textfont: {size: 10, color: "#a33"},
-       hovertext: pick(c.marks, "hover"), hoverinfo: "text",
-       marker: {symbol: "square", size: 9, color: "#d62728"}},
       {x: pick(hidden, "size"), y: pick(hidden, "metric"), mode: "markers",
        name: "beaten (hidden)", visible: "legendonly", customdata: pick(hidden, "index"),
        hovertext: pick(hidden, "hover"), hoverinfo: "text",
@@ -192,7 +193,7 @@
     }, {displaylogo: false, responsive: true, modeBarButtonsToRemove: ["select2d", "lasso2d"]});
     box.on("plotly_click", function (ev) {
       var pt = ev.points && ev.points[0];
-      if (pt && pt.customdata !== undefined) selectPoint(pt.customdata, true);
+      if (pt && pt.customdata !== undefined && pt.customdata !== null) selectPoint(pt.customdata, true);
     });
     document.querySelectorAll("input[name=point]").forEach(function (r) {
       r.addEventListener("change", function () { selectPoint(+r.value, false); });
@@ -244,7 +245,8 @@
       else ob.removeAttribute("value");  // indeterminate until the time left can be told
       $("overall-note").textContent = "Stages: " + all.phases.map(function (name, i) {
         return (i < all.index ? "\u2713 " : i === all.index ? "\u25b6 " : "") + name;
-      }).join(" \u2192 ") + (all.notes.length ? ". " + all.notes.join("; ") + "." : "");
+      }).join(" \u2192 ") + (all.notes.length ? ". " + all.notes.join("; ")
+        .replace(/^./, function (ch) { return ch.toUpperCase(); }) + "." : "");
     }
     var bar = p.bar, text = "This stage: " + p.stage;
     if (bar) text += ": " + bar.done + "/" + bar.total + ", " + clock(bar.elapsed) + " elapsed, " +
