@@ -652,6 +652,7 @@ def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
         [p["metric"], p["size"]] for p in shown]
     assert [m["label"] for m in chart["marks"]][0] == "FP32"
     assert '<script src="/static/plotly.min.js"></script>' in page
+    _check_front_fields(client, job, run_dir / "front.json")
     report = client.get(f"/jobs/{job}/report")
     assert report.headers["content-type"].startswith("text/html") and "Plotly" in report.text
     header = report.text[:report.text.index("<nav>")]  # the upload's name, no server folder
@@ -682,6 +683,45 @@ def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
         assert (bad.status_code, bad.json()["error"]) == (status_code, message), point
     assert time.monotonic() - started < 1.0  # refused before any worker starts
     assert sorted(p.name for p in (run_dir / "exports").iterdir()) == ["point-0.onnx"]
+
+
+def _check_front_fields(client: TestClient, job: str, path: Path) -> None:
+    """The page follows front.json's recommendation, ``shown`` flags and latency spreads
+    (written by the engine; here added to a real front.json, then the file is restored)."""
+    original = path.read_text()
+    front = json.loads(original)
+    assert front["latency_source"] == "measured" and len(front["points"]) >= 2
+    points = front["points"]
+    last = len(points) - 1
+    points[0].update(shown=False, beaten_by="uniform int8")
+    for p in points:
+        p.setdefault("shown", True)
+        p["latency_ms_interval"] = [p["latency_ms"] * 0.9, p["latency_ms"] * 1.1]
+    fp32_ms = front["fp32"]["latency_ms"]
+    front["fp32"]["latency_ms_interval"] = [fp32_ms * 0.95, fp32_ms * 1.05]
+    points[last]["latency_ms"] = fp32_ms * 1.02  # the spreads overlap: no speed claimed
+    points[last]["latency_ms_interval"] = [fp32_ms * 0.97, fp32_ms * 1.08]
+    front.update(recommended=last, recommendation=f"deploy point {last}: checked text")
+    path.write_text(json.dumps(front))
+    try:
+        page = client.get(f"/jobs/{job}").text
+    finally:
+        path.write_text(original)
+    assert ('<p id="recommendation" class="recommendation"><b>Recommendation:</b> deploy '
+            f"point {last}: checked text</p>") in page
+    assert f'value="{last}" id="point-{last}" checked>' in page
+    assert page.count(" checked>") == 1  # one point preselected
+    table = page.split('<tbody id="front-points">')[1].split("</tbody>")[0]
+    hidden = page.split('<table id="hidden">')[1].split("</table>")[0]
+    assert 'id="row-0"' not in table and 'id="row-0"' in hidden
+    assert '<td class="beaten-by">uniform int8</td>' in hidden
+    row = table.split(f'id="row-{last}"')[1].split("</tr>")[0]
+    low, high = fp32_ms * 0.97, fp32_ms * 1.08
+    assert (f'{fp32_ms * 1.02:.3g} ms <span class="spread">[{low:.3g}–{high:.3g}]</span>'
+            '<small class="words">as fast as FP32 (within the spread)</small>') in row
+    chart = json.loads(page.split('id="page-data">')[1].split("</script>")[0])["chart"]
+    assert chart["selected"] == last
+    assert [p["index"] for p in chart["points"] if not p["shown"]] == [0]
 
 
 # -- progress parsing and the CLI --------------------------------------------------------------

@@ -18,7 +18,6 @@ headers are refused when ``allowed_hosts`` is set; request bodies are capped (41
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import re
 import shutil
@@ -47,15 +46,15 @@ from starlette.staticfiles import StaticFiles
 
 from mpsearch.errors import MpsearchError
 from mpsearch.rundir import RunDir
+from mpsearch.serve import _assets as assets
 from mpsearch.serve import _pages as pages
 from mpsearch.serve._access import Access, new_token
 from mpsearch.serve._choices import Choices, bundled_files, demo_names
 from mpsearch.serve._http import Guard, error_handlers, error_response, wants_json
 from mpsearch.serve._job_pages import job_page, model_page
-from mpsearch.serve._jobs import ACTIVE, Job, JobQueue
+from mpsearch.serve._jobs import ACTIVE, Job, JobQueue, job_title
 from mpsearch.serve._progress import job_progress, read_journal
 from mpsearch.serve._spec import (
-    JobConfig,
     image_options,
     metric_names,
     parse_form,
@@ -67,20 +66,6 @@ from mpsearch.serve._summaries import analysis_headline, job_summary
 __all__ = ["ServeConfig", "bundled_files", "create_app"]
 
 logger = logging.getLogger(__name__)
-
-STATIC = Path(__file__).parent.parent / "static"
-
-
-def plotly_js() -> Path | None:
-    """plotly.js as the ``plotly`` package ships it (the report embeds the same file), found
-    without importing plotly; None when the package is missing."""
-    spec = importlib.util.find_spec("plotly")
-    for folder in (spec.submodule_search_locations or ()) if spec else ():
-        path = Path(folder) / "package_data" / "plotly.min.js"
-        if path.is_file():
-            return path
-    return None
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServeConfig:
@@ -183,19 +168,11 @@ class _App:
             return await self.index(request, UploadError("no such bundled model"), 404)
         label = "demo" if source.name in demo_names() else "test fixture"
         async with self.bundling:
-            model = self._bundled(source, label)
+            model = self.choices.opened(source, label)
             if model is None:
                 model = await run_in_threadpool(self.store.add_bundled, "models", source,
                                                 source.name, None, label)
         return self._created(request, f"/models/{model.id}", model.to_dict())
-
-    def _bundled(self, source: Path, label: str) -> Upload | None:
-        """The copy of the bundled model ``source`` already opened, if any (same name, kind
-        and file size)."""
-        size = source.stat().st_size
-        return next((m for m in self.store.list("models")
-                     if m.info.get("bundled") == label and m.name == source.name
-                     and m.info.get("file_bytes") == size), None)
 
     async def model(self, request: Request) -> Response:
         model = self.store.get("models", request.path_params["id"])
@@ -252,7 +229,7 @@ class _App:
             config = parse_form(fields, model=model.path, data=data.path, profile=profile,
                                 labels=bool(data.info.get("labels", True)))
             job_id, run_dir = self.queue.new_run_dir()
-            title = _title(len(self.queue.list()) + 1, config, model, label)
+            title = job_title(len(self.queue.list()) + 1, config, model, label)
             commands = await run_in_threadpool(write_spec, run_dir, config, title=title,
                                                name=model.name)
         except UploadError as err:
@@ -266,7 +243,7 @@ class _App:
             id=job_id, kind=config.kind, title=title, model=model.id, model_name=model.name,
             profile=label,
             trials=config.trials if config.kind == "search" else None,
-            higher_is_better=_higher(config), commands=commands))
+            higher_is_better=config.metric != "mse", commands=commands))
         return self._created(request, f"/jobs/{job.id}", job.to_dict())
 
     async def profile_card(self, request: Request) -> Response:
@@ -282,10 +259,7 @@ class _App:
         if wants_json(request):
             return JSONResponse({"jobs": [{**j.to_dict(), "summary": summaries[j.id]}
                                           for j in jobs]})
-        note = ('<p class="muted">Every job of this work directory, newest first: its settings '
-                "and what it found (the held-out metric and size of the shown front), to "
-                "compare runs.</p>")
-        return HTMLResponse(pages.page("Jobs", note + pages.jobs_table(jobs, summaries)))
+        return HTMLResponse(pages.jobs_page(jobs, summaries))
 
     def _status(self, job: Job) -> dict[str, Any]:
         run_dir = self.queue.run_dir(job.id)
@@ -328,17 +302,6 @@ class _App:
         job = await run_in_threadpool(self.queue.finish, job.id, finished)
         return self._created(request, f"/jobs/{job.id}", job.to_dict())
 
-    async def favicon(self, request: Request) -> Response:
-        return FileResponse(STATIC / "favicon.ico", media_type="image/x-icon",
-                            headers={"cache-control": "max-age=86400"})
-
-    async def plotly(self, request: Request) -> Response:
-        path = plotly_js()
-        if path is None:
-            raise UploadError("plotly is not installed: pip install plotly", status=404)
-        return FileResponse(path, media_type="text/javascript",
-                            headers={"cache-control": "max-age=86400"})
-
     async def job_file(self, request: Request) -> Response:
         job = self.queue.get(request.path_params["id"])
         name = request.path_params["name"]
@@ -373,18 +336,6 @@ class _App:
 def _model_url(model: Upload, **query: str | None) -> str:
     kept = urlencode({k: v for k, v in query.items() if v})
     return f"/models/{model.id}" + (f"?{kept}" if kept else "")
-
-
-def _title(number: int, config: JobConfig, model: Upload, profile: str) -> str:
-    """A job's name, told apart from the others: number, kind, model, profile, trials."""
-    trials = f", {config.trials} trials" if config.kind == "search" else ""
-    uploaded = model.created[11:16]
-    return (f"#{number} {config.kind} of {model.name} (uploaded {uploaded} UTC) on "
-            f"{profile}{trials}")
-
-
-def _higher(config: JobConfig) -> bool:
-    return config.metric != "mse"
 
 
 def create_app(config: ServeConfig) -> Starlette:
@@ -434,9 +385,9 @@ def create_app(config: ServeConfig) -> Starlette:
         Route("/api/jobs/{id}", checked(app.job)),
         Route("/api/models/{id}", checked(app.model)),
         Route("/api/profiles", checked(app.profiles_api)),
-        Route("/favicon.ico", app.favicon),
-        Route("/static/plotly.min.js", app.plotly),
-        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        Route("/favicon.ico", assets.favicon),
+        Route("/static/plotly.min.js", assets.plotly),
+        Mount("/static", StaticFiles(directory=assets.STATIC), name="static"),
     ]
     access = Access(config.token, config.allowed_hosts or None)
     middleware = [Middleware(Guard, max_bytes=config.max_upload_bytes, access=access)]

@@ -93,6 +93,14 @@ class Choices:
             return own + bundled
         return [("", "upload data in step 3 first"), *bundled]
 
+    def opened(self, source: Path, label: str) -> Upload | None:
+        """The copy of the bundled model ``source`` already opened, if any (same name, kind
+        and file size): opening it again reuses it."""
+        size = source.stat().st_size
+        return next((m for m in self.store.list("models")
+                     if m.info.get("bundled") == label and m.name == source.name
+                     and m.info.get("file_bytes") == size), None)
+
     def resolve_data(self, ref: str, model: Upload) -> Upload:
         if not ref:
             raise UploadError("choose the data in step 3: upload an .npz, a .npy or a .zip of "

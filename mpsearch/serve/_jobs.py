@@ -31,9 +31,10 @@ from typing import Any
 
 from mpsearch.errors import MpsearchError
 from mpsearch.rundir import RunDir, write_json
-from mpsearch.serve._store import UploadError, new_id, valid_id
+from mpsearch.serve._spec import JobConfig
+from mpsearch.serve._store import Upload, UploadError, new_id, valid_id
 
-__all__ = ["ACTIVE", "Job", "JobQueue", "worker_command"]
+__all__ = ["ACTIVE", "Job", "JobQueue", "job_title", "worker_command"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,14 @@ def worker_command(*args: str) -> list[str]:
     ``sys.path``), then the folder holding this very ``mpsearch`` package put first."""
     root = str(Path(__file__).resolve().parents[2])
     return [sys.executable, "-I", "-u", "-c", _BOOT, root, *args]
+
+
+def job_title(number: int, config: JobConfig, model: Upload, profile: str) -> str:
+    """A job's name, told apart from the others: number, kind, model, profile, trials."""
+    trials = f", {config.trials} trials" if config.kind == "search" else ""
+    uploaded = model.created[11:16]
+    return (f"#{number} {config.kind} of {model.name} (uploaded {uploaded} UTC) on "
+            f"{profile}{trials}")
 
 
 def _now() -> str:

@@ -12,7 +12,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["bytes_text", "error_page", "index_page", "page", "profile_card", "summary_html"]
+__all__ = ["bytes_text", "error_page", "index_page", "jobs_page", "jobs_table", "page",
+           "profile_card", "summary_html"]
 
 _TOP_NODES = 15
 
@@ -167,6 +168,13 @@ def jobs_table(jobs: Sequence[Any], summaries: Mapping[str, Mapping[str, str]] |
         "smallest size", "recommendation", "settings", "created (UTC)"))
     return (f'<table id="jobs"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody>'
             "</table>")
+
+
+def jobs_page(jobs: Sequence[Any], summaries: Mapping[str, Mapping[str, str]]) -> str:
+    """The Jobs page: every job's settings and results side by side."""
+    return page("Jobs", '<p class="muted">Every job of this work directory, newest first: its '
+                "settings and what it found (the held-out metric and size of the shown front), "
+                "to compare runs.</p>" + jobs_table(jobs, summaries))
 
 
 def summary_html(summary: Mapping[str, Any]) -> str:
