@@ -222,7 +222,8 @@ class JobQueue:
             except MpsearchError as e:
                 raise UploadError(f"this job's spec.yaml cannot be read: {e}") from e
             run.write_spec(replace(spec, trials=trials_done))
-            self._set(job_id, trials=trials_done)
+            self._set(job_id, trials=trials_done,
+                      title=f"{job.title} (finished at {trials_done} trials)")
             return self.resume(job_id)
 
     def export(self, job_id: str, point: int) -> Path:

@@ -159,6 +159,10 @@
     var shown = c.points.filter(function (p) { return p.shown; });
     var hidden = c.points.filter(function (p) { return !p.shown; });
     var timed = shown.some(function (p) { return p.ms !== null; });
+    var times = shown.concat(c.marks).map(function (p) { return p.ms; })
+      .filter(function (v) { return v !== null; });
+    var lo = Math.min.apply(null, times), hi = Math.max.apply(null, times);
+    if (!(hi > lo)) { lo *= 0.8; hi *= 1.2; }  // one time only: a scale around it
     var line = shown.slice().sort(function (a, b) { return a.size - b.size; });
     var sel = c.points.filter(function (p) { return p.index === c.selected; })[0];
     function pick(ps, key) { return ps.map(function (p) { return p[key]; }); }
@@ -173,7 +177,7 @@
       {x: pick(shown, "size"), y: pick(shown, "metric"), mode: "markers", name: "front points",
        customdata: pick(shown, "index"), hovertext: pick(shown, "hover"), hoverinfo: "text",
        marker: timed ? {size: 11, color: shown.map(function (p) { return p.ms === null ? NaN : p.ms; }),
-                        colorscale: "Viridis", reversescale: true, showscale: true,
+                        colorscale: "Viridis", reversescale: true, showscale: true, cmin: lo, cmax: hi,
                         colorbar: {title: {text: c.colour, side: "right"}, thickness: 12},
                         line: {color: "#333", width: 1}}
                      : {size: 11, color: "#1f77b4", line: {color: "#333", width: 1}}},
@@ -208,7 +212,7 @@
       {x: xs(c.front), y: ys(c.front), mode: "lines+markers", name: "front so far",
        line: {shape: "hv", color: "#1f77b4"}, marker: {size: 9},
        hovertemplate: "front: %{y:.4f}, %{x:,} B<extra></extra>"}
-    ], {height: 320, margin: {l: 64, r: 10, t: 10, b: 48}, hovermode: "closest",
+    ], {height: 380, margin: {l: 64, r: 10, t: 10, b: 48}, hovermode: "closest",
         xaxis: {title: {text: c.x}}, yaxis: {title: {text: c.y}}, legend: {orientation: "h", y: -0.25}},
     {displaylogo: false, responsive: true});
   }
