@@ -26,6 +26,7 @@ __all__ = ["analysis_headline", "job_summary"]
 _CACHE: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
 _LOCK = threading.Lock()
 _TOP = 3
+_MAX_CACHED = 4096
 
 
 def _stamp(paths: tuple[Path, ...]) -> tuple[int, ...]:
@@ -135,5 +136,7 @@ def job_summary(job: Any, run_dir: Path) -> dict[str, str]:
     elif job.state == "done":
         out.update(_analysis(run_dir))
     with _LOCK:
+        if len(_CACHE) > _MAX_CACHED:  # stale versions of changed files
+            _CACHE.clear()
         _CACHE[key] = out
     return dict(out)
