@@ -707,7 +707,8 @@ def _check_front_fields(client: TestClient, job: str, path: Path) -> None:
     front["fp32"]["latency_ms_interval"] = [fp32_ms * 0.95, fp32_ms * 1.05]
     points[last]["latency_ms"] = fp32_ms * 1.02  # the spreads overlap: no speed claimed
     points[last]["latency_ms_interval"] = [fp32_ms * 0.97, fp32_ms * 1.08]
-    front.update(recommended=last, recommendation=f"deploy point {last}: checked text")
+    front.update(recommended=last, recommendation=f"deploy point {last}: checked text",
+                 stopped="the front did not change in the last 20 trials")
     path.write_text(json.dumps(front))
     try:
         page = client.get(f"/jobs/{job}").text
@@ -715,6 +716,8 @@ def _check_front_fields(client: TestClient, job: str, path: Path) -> None:
         path.write_text(original)
     assert ('<p id="recommendation" class="recommendation"><b>Recommendation:</b> deploy '
             f"point {last}: checked text</p>") in page
+    assert ('<p id="stopped" class="note">The search stopped early: the front did not change '
+            "in the last 20 trials</p>") in page
     assert f'value="{last}" id="point-{last}" checked>' in page
     assert page.count(" checked>") == 1  # one point preselected
     table = page.split('<tbody id="front-points">')[1].split("</tbody>")[0]
