@@ -50,6 +50,7 @@ class FlatOp:
     node: str
     options: str | None = None
     fields: dict[str, Any] = field(default_factory=dict)
+    also: tuple[str, ...] = ()  # further ONNX nodes this operator computes (a fused pattern)
 
 
 @dataclass(slots=True)

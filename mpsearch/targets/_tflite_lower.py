@@ -204,7 +204,8 @@ def lower(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> tupl
     ONNX node each TFLite operator came from (by operator index).
 
     Raises :class:`TargetError` naming every node that has no TFLite builtin."""
-    from mpsearch.targets._tflite_ops import lower_node, lower_qdq
+    from mpsearch.targets._tflite_gelu import find_gelu
+    from mpsearch.targets._tflite_ops import lower_gelu, lower_node, lower_qdq
 
     low = Lowering(model=model, shapes=shapes, inits=_initializers(model))
     for node in model.graph.node:
@@ -212,8 +213,13 @@ def lower(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> tupl
             low.consumers.setdefault(t, []).append(node)
     outputs = {o.name for o in model.graph.output}
     nhwc_in = _inputs(low)
+    gelus = {g.nodes[0]: g for g in find_gelu(model, low.inits)}
+    inside = {n for g in gelus.values() for n in (*g.nodes[1:], *g.skipped)}
     for node in model.graph.node:
-        if node.op_type == "Constant":
+        if node.op_type == "Constant" or node.name in inside:
+            continue
+        if node.name in gelus:
+            lower_gelu(low, node, gelus[node.name], outputs)
             continue
         if node.op_type in _QDQ:
             lower_qdq(low, node)

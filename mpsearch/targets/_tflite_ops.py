@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from mpsearch.targets._tflite_gelu import Gelu
 from mpsearch.targets._tflite_lower import TO_NHWC, Lowering, QParams, Value
 
 __all__ = ["Node", "lower_node", "lower_qdq", "nhwc_const", "refuse"]
@@ -213,6 +214,29 @@ def lower_node(low: Lowering, node: onnx.NodeProto, outputs: Set[str]) -> None:
     names = [r.output[0] for r in readers]
     if _record(low, node, Node(low, node, ins, list(grids), names), writer, names):
         low.fused.update(r.name for r in readers)
+
+
+def lower_gelu(low: Lowering, div: onnx.NodeProto, gelu: Gelu, outputs: Set[str]) -> None:
+    """One GELU operator for a matched erf pattern (:mod:`._tflite_gelu`): integer from the
+    input's grid to the QuantizeLinear after the pattern, else float."""
+    x = low.values.get(gelu.x)
+    if x is None or x.constant:
+        low.refuse(div, "GELU of a constant")
+        return
+    readers = low.consumers.get(gelu.output, [])
+    single_q = (len(readers) == 1 and readers[0].op_type == "QuantizeLinear"
+                and gelu.output not in outputs)
+    if x.q is not None and single_q:
+        grid, name = low.qparams(readers[0]), readers[0].output[0]
+        low.fused.add(readers[0].name)
+    else:
+        grid, name = None, gelu.output
+    n = Node(low, div, [x], [grid], [name])
+    value = n.x(0)
+    out = n.emit("GELU", (value.index or 0,), n.output(0, value.shape, value.nhwc),
+                 "GeluOptions", approximate=False)
+    low.flat.ops[-1].also = gelu.nodes[1:]
+    low.values[name] = out
 
 
 def _record(low: Lowering, node: onnx.NodeProto, ctx: Node, writer: Writer,

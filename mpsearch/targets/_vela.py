@@ -106,8 +106,8 @@ class VelaToolchain:
             last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
             raise TargetError(f"vela refused {tflite} (exit {done.returncode}): {last}")
         report = read_report(out_dir, tflite.stem, done.stdout)
-        ops = [(op.node, flat.tensors[op.outputs[0]].name, flat.tensors[op.outputs[0]].dtype)
-               for op in flat.ops]
+        ops = [(node, flat.tensors[op.outputs[0]].name, flat.tensors[op.outputs[0]].dtype)
+               for op in flat.ops for node in (op.node, *op.also)]
         placed, node_cycles = placements(report, ops)
         artifact = out_dir / f"{tflite.stem}_vela.tflite"
         record = {"signature": signature.to_dict(), "fixed_inputs": fixed,

@@ -23,6 +23,7 @@ __all__ = ["VelaReport", "placements", "read_report"]
 
 _WARNING = re.compile(r"^Warning \(supported operators\) operator: (\w+), ofm: '(.*)'$")
 _KIB = 1024.0
+_TENSOR = re.compile(r" \([^()]*\)")  # "(tensor name)" in a reason: one reason per kind
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,13 +91,13 @@ def read_report(out_dir: Path, network: str, stdout: str) -> VelaReport:
     return VelaReport(targets=targets, cycles=cycles, reasons=_reasons(stdout), cost=cost)
 
 
-def _owner(name: str, outputs: Mapping[str, int]) -> int | None:
-    """The operator whose output tensor Vela's ``name`` is, or derives from (Vela appends
+def _owner(name: str, outputs: Mapping[str, list[int]]) -> list[int]:
+    """The operators whose output tensor Vela's ``name`` is, or derives from (Vela appends
     suffixes such as ``_intermediate`` to the operators it splits)."""
     if name in outputs:
         return outputs[name]
     best = max((t for t in outputs if name.startswith(t)), key=len, default=None)
-    return None if best is None else outputs[best]
+    return [] if best is None else outputs[best]
 
 
 def placements(report: VelaReport, ops: Sequence[tuple[str, str, str]]) -> tuple[
@@ -105,19 +106,18 @@ def placements(report: VelaReport, ops: Sequence[tuple[str, str, str]]) -> tuple
     Vela gives each node. ``ops`` are the written operators' (node, output tensor name,
     output dtype) in order; a node is on the CPU when any of its operators is. Operators Vela
     removed (a RESHAPE it folds) count as the accelerator's."""
-    outputs = {out: i for i, (_, out, _) in enumerate(ops)}
+    outputs: dict[str, list[int]] = {}
+    for i, (_, out, _) in enumerate(ops):
+        outputs.setdefault(out, []).append(i)
     on_cpu: dict[int, str] = {}
     cycles = [0.0] * len(ops)
     for name, target in report.targets.items():
-        index = _owner(name, outputs)
-        if index is None:
-            continue
-        cycles[index] += report.cycles.get(name, 0.0)
-        if target.upper() == "CPU":
-            on_cpu[index] = report.reasons.get(name, "Vela placed it on the CPU")
+        for index in _owner(name, outputs):
+            cycles[index] += report.cycles.get(name, 0.0)
+            if target.upper() == "CPU":
+                on_cpu[index] = report.reasons.get(name, "Vela placed it on the CPU")
     for name, reason in report.reasons.items():
-        index = _owner(name, outputs)
-        if index is not None:
+        for index in _owner(name, outputs):
             on_cpu.setdefault(index, reason)
     order: list[str] = []
     units: dict[str, list[int]] = {}
@@ -130,7 +130,7 @@ def placements(report: VelaReport, ops: Sequence[tuple[str, str, str]]) -> tuple
         indices = units[node]
         cpu = [i for i in indices if i in on_cpu]
         dtype = ops[indices[-1]][2]
-        reasons = "; ".join(dict.fromkeys(f"{ops[i][1]}: {on_cpu[i]}" for i in cpu))
+        reasons = "; ".join(dict.fromkeys(_TENSOR.sub("", on_cpu[i]) for i in cpu))
         made.append(Placement(node=node, unit="cpu" if cpu else "accelerator",
                               precision="fp32" if dtype == "float32" else dtype,
                               reason=reasons))
