@@ -66,7 +66,7 @@ def find_gelu(model: onnx.ModelProto, inits: Mapping[str, np.ndarray]) -> list[G
         for t in node.input:
             made = producers.get(t)
             if made is None or made.name not in passed:
-                return t
+                return str(t)
         return ""
 
     def near(name: str, value: float) -> bool:
@@ -80,7 +80,7 @@ def find_gelu(model: onnx.ModelProto, inits: Mapping[str, np.ndarray]) -> list[G
         div = producers.get(erf.input[0])
         if div is None or div.op_type != "Div" or not near(div.input[1], math.sqrt(2)):
             continue
-        x, passed = div.input[0], []
+        x, passed = str(div.input[0]), list[str]()
         if len(consumers.get(div.output[0], [])) != 1:
             continue
         add = through(erf.output[0], passed)
