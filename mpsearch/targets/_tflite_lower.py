@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from mpsearch.targets._base import TargetError
 from mpsearch.targets._tflite_flat import FlatModel, FlatTensor
@@ -198,6 +198,36 @@ def _initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return inits
 
 
+def _fold(low: Lowering, node: onnx.NodeProto) -> bool:
+    """Evaluate ``node`` now when its inputs are constants (or it is a Shape of a static
+    tensor): shape arithmetic is not written to the TFLite model."""
+    if node.op_type in _QDQ or not node.input:
+        return False
+    if node.op_type == "Shape":
+        if node.input[0] in low.inits:
+            return False
+        shape = np.array(low.shape_of(node.input[0]), np.int64)
+        start = next((a.i for a in node.attribute if a.name == "start"), 0)
+        end = next((a.i for a in node.attribute if a.name == "end"), len(shape))
+        low.inits[node.output[0]] = shape[start:end]
+        return True
+    if not all(not t or (t in low.inits and t not in low.values) for t in node.input):
+        return False
+    from onnx.reference import ReferenceEvaluator
+
+    feeds = {t: low.inits[t] for t in node.input if t}
+    infos = [helper.make_tensor_value_info(t, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+             for t, a in feeds.items()]
+    outs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
+            for o in node.output]
+    graph = helper.make_graph([node], "fold", infos, outs)
+    folded = helper.make_model(graph, opset_imports=list(low.model.opset_import))
+    for name, value in zip(node.output, ReferenceEvaluator(folded).run(None, feeds),
+                           strict=True):
+        low.inits[name] = np.asarray(value)
+    return True
+
+
 def lower(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> tuple[
         FlatModel, Signature, dict[int, str]]:
     """Lower a static-shaped QDQ ``model``; returns the TFLite model, its signature, and the
@@ -220,6 +250,8 @@ def lower(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> tupl
             continue
         if node.name in gelus:
             lower_gelu(low, node, gelus[node.name], outputs)
+            continue
+        if _fold(low, node):
             continue
         if node.op_type in _QDQ:
             lower_qdq(low, node)
@@ -262,7 +294,8 @@ def _inputs(low: Lowering) -> list[bool]:
             low.fused.add(readers[0].name)
         else:
             value = Value(shape=shape, nhwc=four)
-            index = low.tensor(inp.name, low.tflite_shape(value), None)
+            kind = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
+            index = low.tensor(inp.name, low.tflite_shape(value), None, dtype=str(kind))
             low.values[inp.name] = Value(shape=shape, index=index, nhwc=four)
         low.flat.inputs.append(index)
         nhwc.append(four)

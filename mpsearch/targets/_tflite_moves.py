@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import onnx
 
 from mpsearch.targets._tflite_lower import TO_NCHW, Value
 from mpsearch.targets._tflite_ops import Node, nhwc_const, refuse
@@ -22,7 +23,8 @@ def _i32(n: Node, tag: str, values: object) -> int:
 def _reshape(n: Node) -> list[Value]:
     x = n.x(0, nhwc=False)
     shape = n.low.shape_of(n.proto.output[0])
-    return [n.emit("RESHAPE", (x.index or 0, _i32(n, "shape", shape)), n.output(0, shape))]
+    return [n.emit("RESHAPE", (x.index or 0, _i32(n, "shape", shape)),
+                   n.output(0, shape, dtype=n.kind(x)))]
 
 
 def _identity(n: Node) -> list[Value]:
@@ -35,7 +37,8 @@ def _transpose(n: Node) -> list[Value]:
     if x.nhwc:
         perm = [TO_NCHW[p] for p in perm]
     shape = n.low.shape_of(n.proto.output[0])
-    return [n.emit("TRANSPOSE", (x.index or 0, _i32(n, "perm", perm)), n.output(0, shape))]
+    return [n.emit("TRANSPOSE", (x.index or 0, _i32(n, "perm", perm)),
+                   n.output(0, shape, dtype=n.kind(x)))]
 
 
 def _gather(n: Node) -> list[Value]:
@@ -48,7 +51,7 @@ def _gather(n: Node) -> list[Value]:
     idx = np.where(indices < 0, indices + x.shape[axis], indices).astype(np.int32)
     shape = n.low.shape_of(n.proto.output[0])
     return [n.emit("GATHER", (x.index or 0, n.low.const(f"{n.name}_idx", idx)),
-                   n.output(0, shape), "GatherOptions", axis=axis, batch_dims=0)]
+                   n.output(0, shape, dtype=n.kind(x)), "GatherOptions", axis=axis, batch_dims=0)]
 
 
 def _split(n: Node) -> list[Value]:
@@ -59,7 +62,7 @@ def _split(n: Node) -> list[Value]:
     shapes = [n.low.shape_of(o) for o in n.proto.output]
     sizes = [s[axis] for s in shapes]
     mapped = _NHWC_AXIS[axis] if x.nhwc and rank == 4 else axis
-    outs = [n.output(i, s, nhwc=x.nhwc) for i, s in enumerate(shapes)]
+    outs = [n.output(i, s, nhwc=x.nhwc, dtype=n.kind(x)) for i, s in enumerate(shapes)]
     n.low.flat.op("SPLIT_V", (x.index or 0, _i32(n, "sizes", sizes),
                               _i32(n, "axis", mapped)),
                   tuple(o.index or 0 for o in outs), n.name, "SplitVOptions",
@@ -87,7 +90,8 @@ def _slice(n: Node) -> list[Value]:
     shape = n.low.shape_of(n.proto.output[0])
     return [n.emit("STRIDED_SLICE", (x.index or 0, _i32(n, "begin", begin),
                                      _i32(n, "end", end), _i32(n, "stride", stride)),
-                   n.output(0, shape), "StridedSliceOptions", begin_mask=0, end_mask=0)]
+                   n.output(0, shape, dtype=n.kind(x)), "StridedSliceOptions", begin_mask=0,
+                   end_mask=0)]
 
 
 def _pad(n: Node) -> list[Value]:
@@ -103,7 +107,7 @@ def _pad(n: Node) -> list[Value]:
         pairs = [pairs[i] for i in (0, 2, 3, 1)]
     shape = n.low.shape_of(n.proto.output[0])
     return [n.emit("PAD", (x.index or 0, _i32(n, "pads", pairs)),
-                   n.output(0, shape, nhwc=x.nhwc))]
+                   n.output(0, shape, nhwc=x.nhwc, dtype=n.kind(x)))]
 
 
 def _concat(n: Node) -> list[Value]:
@@ -173,6 +177,54 @@ def layer_norm(n: Node) -> list[Value]:
     return [out]
 
 
+def _expand(n: Node) -> list[Value]:
+    x = n.x(0, nhwc=False)
+    shape = n.low.shape_of(n.proto.output[0])
+    return [n.emit("BROADCAST_TO", (x.index or 0, _i32(n, "shape", shape)),
+                   n.output(0, shape, dtype=n.kind(x)))]
+
+
+def _reduce_max(n: Node) -> list[Value]:
+    """REDUCE_MAX (ReduceMax, GlobalMaxPool): the maximum keeps the input's grid."""
+    x = n.x(0)
+    rank = len(x.shape)
+    if n.proto.op_type == "GlobalMaxPool":
+        axes, keep = list(range(2, rank)), True
+    else:
+        given = n.const_array(1)
+        axes = n.ints("axes", []) if given is None else [int(a) for a in given.reshape(-1)]
+        axes, keep = axes or list(range(rank)), bool(n.integer("keepdims", 1))
+    axes = sorted(a + rank if a < 0 else a for a in axes)
+    if x.nhwc and not (keep or axes == [2, 3]):
+        x = n.x(0, nhwc=False)
+    mapped = [_NHWC_AXIS[a] if x.nhwc else a for a in axes]
+    out = n.output(0, n.low.shape_of(n.proto.output[0]), nhwc=x.nhwc and keep,
+                   dtype=n.kind(x))
+    return [n.emit("REDUCE_MAX", (x.index or 0, _i32(n, "axes", mapped)), out,
+                   "ReducerOptions", keep_dims=keep)]
+
+
+def _equal(n: Node) -> list[Value]:
+    if n.quantized:
+        raise refuse("Equal on quantized tensors")
+    shape = n.low.shape_of(n.proto.output[0])
+    ins = []
+    for i, v in enumerate(n.ins):
+        if v is not None and v.constant:
+            ins.append(n.low.const(f"{n.name}_k{i}", nhwc_const(v.real(), len(shape), False)))
+        else:
+            ins.append(n.x(i, nhwc=False).index or 0)
+    return [n.emit("EQUAL", tuple(ins), n.output(0, shape, dtype="bool"))]
+
+
+def _cast(n: Node) -> list[Value]:
+    x = n.x(0)
+    to = onnx.helper.tensor_dtype_to_np_dtype(n.integer("to", onnx.TensorProto.FLOAT))
+    if n.quantized or str(to) not in ("float32", "int32", "int8", "int16", "bool", "int64"):
+        raise refuse(f"Cast to {to}")
+    return [n.emit("CAST", (x.index or 0,), n.output(0, x.shape, x.nhwc, dtype=str(to)))]
+
+
 def _erf(n: Node) -> list[Value]:
     raise refuse("TFLite has no ERF builtin (GELU's erf form is not matched to GELU)")
 
@@ -180,5 +232,6 @@ def _erf(n: Node) -> list[Value]:
 MOVE_WRITERS: dict[str, Callable[[Node], list[Value]]] = {
     "Reshape": _reshape, "Flatten": _reshape, "Squeeze": _reshape, "Unsqueeze": _reshape,
     "Identity": _identity, "Transpose": _transpose, "Gather": _gather, "Split": _split,
-    "Slice": _slice, "Pad": _pad, "Concat": _concat, "Erf": _erf,
+    "Slice": _slice, "Pad": _pad, "Concat": _concat, "Erf": _erf, "Expand": _expand,
+    "ReduceMax": _reduce_max, "GlobalMaxPool": _reduce_max, "Equal": _equal, "Cast": _cast,
 }

@@ -22,7 +22,8 @@ __all__ = ["Node", "lower_node", "lower_qdq", "nhwc_const", "refuse"]
 
 #: Data movement: the output is on the input's grid.
 MOVES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Gather",
-                   "Identity", "Split", "Slice", "Pad", "MaxPool"})
+                   "Identity", "Split", "Slice", "Pad", "MaxPool", "Expand", "ReduceMax",
+                   "GlobalMaxPool"})
 #: Ops whose constant inputs are tensors of the computation (a float one keeps the node float).
 CONSTANT_OPERANDS = frozenset({"Conv", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Max",
                                "Min", "Concat", "PRelu", "LayerNormalization"})
@@ -87,11 +88,16 @@ class Node:
         value = self.ins[i] if i < len(self.ins) else None
         return None if value is None or not value.constant else value.real()
 
+    def kind(self, value: Value) -> str:
+        """The TFLite dtype of a written value."""
+        return "float32" if value.index is None else self.low.flat.tensors[value.index].dtype
+
     def output(self, i: int, shape: tuple[int, ...], nhwc: bool = False,
-               q: QParams | None = None) -> Value:
+               q: QParams | None = None, dtype: str | None = None) -> Value:
         grid = q if q is not None else self.out_q[i]
         value = Value(shape=shape, q=grid, nhwc=nhwc and len(shape) == 4)
-        index = self.low.tensor(self.out_names[i], self.low.tflite_shape(value), grid)
+        index = self.low.tensor(self.out_names[i], self.low.tflite_shape(value), grid,
+                                dtype=None if grid is not None else dtype)
         return Value(shape=shape, index=index, q=grid, nhwc=value.nhwc)
 
     def emit(self, code: str, inputs: tuple[int, ...], out: Value, options: str | None = None,

@@ -230,14 +230,14 @@ def _softmax(n: Node) -> list[Value]:
     return [n.fixed("SOFTMAX", x, x.shape, "SoftmaxOptions", beta=1.0)]
 
 
-def _mean(n: Node, x: Value, axes: list[int], keep: bool) -> list[Value]:
+def _mean(n: Node, x: Value, axes: list[int], keep: bool, code: str = "MEAN") -> list[Value]:
     rank = len(x.shape)
     axes = sorted(a + rank if a < 0 else a for a in axes)
     if x.nhwc and not keep and axes != [2, 3]:
         x = n.x(0, nhwc=False)
     mapped = [_axis(a, rank, x.nhwc) for a in axes]
     out = n.output(0, _out_shape(n), nhwc=x.nhwc and keep)
-    return [n.emit("MEAN", (x.index or 0, _i32(n, "axes", mapped)), out, "ReducerOptions",
+    return [n.emit(code, (x.index or 0, _i32(n, "axes", mapped)), out, "ReducerOptions",
                    keep_dims=keep)]
 
 
@@ -245,13 +245,25 @@ def _global_pool(n: Node) -> list[Value]:
     return _mean(n, n.x(0, nhwc=True), [2, 3], True)
 
 
-def _reduce_mean(n: Node) -> list[Value]:
-    axes = n.ints("axes", [])
-    given = n.const_array(1)
-    if given is not None:
-        axes = [int(a) for a in given.reshape(-1)]
+def _reduce(code: str) -> Callable[[Node], list[Value]]:
+    def write(n: Node) -> list[Value]:
+        axes = n.ints("axes", [])
+        given = n.const_array(1)
+        if given is not None:
+            axes = [int(a) for a in given.reshape(-1)]
+        x = n.x(0)
+        return _mean(n, x, axes or list(range(len(x.shape))), bool(n.integer("keepdims", 1)),
+                     code)
+    return write
+
+
+def _reciprocal(n: Node) -> list[Value]:
+    if n.quantized:
+        raise refuse("integer Reciprocal has no TFLite builtin")
     x = n.x(0)
-    return _mean(n, x, axes or list(range(len(x.shape))), bool(n.attr("keepdims", 1)))
+    one = n.low.const(f"{n.name}_one", np.ones((1,) * len(x.shape), np.float32))
+    return [n.emit("DIV", (one, x.index or 0), n.output(0, x.shape, x.nhwc), "DivOptions",
+                   fused_activation_function=0)]
 
 
 def _pool(code: str) -> Callable[[Node], list[Value]]:
@@ -281,7 +293,8 @@ WRITERS: dict[str, Callable[[Node], list[Value]]] = {
     "Relu": _unary("RELU"), "Clip": _clip, "Sigmoid": _unary("LOGISTIC"),
     "Tanh": _unary("TANH"), "HardSwish": _unary("HARD_SWISH"), "Exp": _unary("EXP"),
     "Abs": _unary("ABS"), "Neg": _unary("NEG"), "Sqrt": _unary("SQRT"),
-    "Softmax": _softmax, "GlobalAveragePool": _global_pool, "ReduceMean": _reduce_mean,
+    "Softmax": _softmax, "GlobalAveragePool": _global_pool, "ReduceMean": _reduce("MEAN"),
+    "ReduceSum": _reduce("SUM"), "Reciprocal": _reciprocal,
     "AveragePool": _pool("AVERAGE_POOL_2D"), "MaxPool": _pool("MAX_POOL_2D"),
 }
 
