@@ -21,6 +21,8 @@ from mpsearch.targets._base import Placement, TargetError
 
 __all__ = ["VelaReport", "placements", "read_report"]
 
+_LISTED = re.compile(r"^\s*(CPU|NPU): (\w+) = (.*) \(outputs ", re.M)
+_COUNT = re.compile(r"^(CPU|NPU) operators = (\d+)", re.M)
 _WARNING = re.compile(r"^Warning \(supported operators\) operator: (\w+), ofm: '(.*)'$")
 _KIB = 1024.0
 _TENSOR = re.compile(r" \([^()]*\)")  # "(tensor name)" in a reason: one reason per kind
@@ -68,12 +70,13 @@ def read_report(out_dir: Path, network: str, stdout: str) -> VelaReport:
         raise TargetError(f"Vela wrote no per-layer or summary CSV in {out_dir}; "
                           "its output: " + stdout.strip().splitlines()[-1:][0]
                           if stdout.strip() else "(none)")
-    targets: dict[str, str] = {}
+    targets: dict[str, str] = {name: unit for unit, _, name in _LISTED.findall(stdout)}
     cycles: dict[str, float] = {}
     with per_layer.open(newline="") as f:
         for row in csv.DictReader(f):
             name = row["Name"].strip()
-            targets[name] = row["Target"].strip()
+            if targets.get(name) != "CPU":  # either listing placing it on the CPU counts
+                targets[name] = row["Target"].strip()
             cycles[name] = cycles.get(name, 0.0) + float(row["Op Cycles"] or 0)
     with summaries[0].open(newline="") as f:
         summary = next(csv.DictReader(f))
@@ -88,6 +91,7 @@ def read_report(out_dir: Path, network: str, stdout: str) -> VelaReport:
         "macs": _number(summary, "nn_macs"),
         "clock_hz": _number(summary, "core_clock"),
     }
+    cost.update({f"{unit.lower()}_ops": float(n) for unit, n in _COUNT.findall(stdout)})
     return VelaReport(targets=targets, cycles=cycles, reasons=_reasons(stdout), cost=cost)
 
 
