@@ -23,6 +23,10 @@ TENSOR_TYPES = {"float32": 0, "float16": 1, "int32": 2, "uint8": 3, "int64": 4, 
                 "int16": 7, "int8": 9}
 
 
+#: Operators whose first registered version in TFLite's resolver is not 1.
+MIN_VERSION = {"BROADCAST_TO": 2}
+
+
 def _schema(name: str) -> Any:
     return importlib.import_module(f"{_SCHEMA}.{name}")
 
@@ -175,7 +179,7 @@ class _Writer:
         mod.OperatorCodeStart(self.b)
         mod.OperatorCodeAddDeprecatedBuiltinCode(self.b, min(value, 127))
         mod.OperatorCodeAddBuiltinCode(self.b, value)
-        mod.OperatorCodeAddVersion(self.b, 1)
+        mod.OperatorCodeAddVersion(self.b, MIN_VERSION.get(code, 1))
         return int(mod.OperatorCodeEnd(self.b))
 
     def write(self) -> bytes:

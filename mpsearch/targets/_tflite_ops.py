@@ -32,6 +32,10 @@ FIXED = {"LOGISTIC": ((1 / 256, -128), (1 / 32768, 0)), "SOFTMAX": ((1 / 256, -1
          (1 / 32768, 0)), "TANH": ((1 / 128, 0), (1 / 32768, 0))}
 
 
+#: Where LOGISTIC and TANH are flat to int16 precision (tanh(16) = 1 - 3e-14).
+_SATURATE = 16.0
+
+
 @dataclass(slots=True)
 class Node:
     """One node being written: its inputs as values, its outputs' grids (None: float)."""
@@ -110,6 +114,7 @@ class Node:
               **fields: object) -> Value:
         """An op whose integer output grid TFLite fixes; requantized to ours when it differs."""
         want = self.out_q[0]
+        x = self._saturating_input(code, x)
         if want is None or x.index is None:
             return self.emit(code, (x.index or 0,), self.output(0, shape, x.nhwc), options,
                              **fields)
@@ -123,6 +128,24 @@ class Node:
             f"{self.out_names[0]}_fixed", self.low.tflite_shape(mid), grid))
         self.emit(code, (x.index,), mid, options, **fields)
         return self.emit("QUANTIZE", (mid.index or 0,), self.output(0, shape, x.nhwc))
+
+
+    def _saturating_input(self, code: str, x: Value) -> Value:
+        """An int16 LOGISTIC/TANH input requantized onto [-16, 16) when its grid is wider.
+
+        TFLite's int16 kernels overflow for input scales of about 10 and more (measured: a
+        TANH at input scale 10 is off by 2.0); both functions are flat to within an output
+        step beyond |x| = 16, so the saturating requantization changes no result."""
+        if (code not in ("LOGISTIC", "TANH") or x.q is None or x.q.dtype != "int16"
+                or x.index is None or float(x.q.scale.max()) <= _SATURATE / 32768):
+            return x
+        grid = QParams(scale=np.array([_SATURATE / 32768], np.float32),
+                       zero=np.zeros(1, np.int64), dtype="int16")
+        narrow = Value(shape=x.shape, q=grid, nhwc=x.nhwc)
+        index = self.low.tensor(f"{self.low.flat.tensors[x.index].name}_sat",
+                                self.low.tflite_shape(narrow), grid)
+        self.low.flat.op("QUANTIZE", (x.index,), (index,), self.name)
+        return Value(shape=x.shape, index=index, q=grid, nhwc=x.nhwc)
 
 
 Writer = Callable[[Node], "list[Value] | None"]

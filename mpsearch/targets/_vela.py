@@ -32,7 +32,7 @@ from mpsearch.targets._shapes import fixed_input_shapes, static_shapes
 from mpsearch.targets._tflite_lower import lower
 from mpsearch.targets._vela_report import placements, read_report
 
-__all__ = ["SETTINGS", "VelaToolchain"]
+__all__ = ["SETTINGS", "VelaToolchain", "run_vela", "vela_flags"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def _write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _flags(settings: Mapping[str, Any]) -> list[str]:
+def vela_flags(settings: Mapping[str, Any]) -> list[str]:
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
         raise TargetError(f"vela setting(s) {unknown} unknown; valid: {sorted(SETTINGS)}")
@@ -87,7 +87,7 @@ class VelaToolchain:
         problem = self.missing()
         if problem is not None:
             raise TargetError(problem)
-        flags = _flags(settings)
+        flags = vela_flags(settings)
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         fixed = fixed_input_shapes(model, calibration)
@@ -95,17 +95,8 @@ class VelaToolchain:
         tflite = workdir / "model.tflite"
         _write(tflite, flat.bytes())
         out_dir = workdir / "vela"
-        command = [sys.executable, "-m", "ethosu.vela", str(tflite), "--output-dir",
-                   str(out_dir), "--verbose-performance", "--show-cpu-operations", *flags]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=_TIMEOUT,
-                                  check=False)
-        except subprocess.TimeoutExpired as e:
-            raise TargetError(f"vela did not finish on {tflite} in {_TIMEOUT} s") from e
-        if done.returncode != 0:
-            last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
-            raise TargetError(f"vela refused {tflite} (exit {done.returncode}): {last}")
-        report = read_report(out_dir, tflite.stem, done.stdout)
+        command, stdout = run_vela(tflite, out_dir, flags)
+        report = read_report(out_dir, tflite.stem, stdout)
         ops = [(node, flat.tensors[op.outputs[0]].name, flat.tensors[op.outputs[0]].dtype)
                for op in flat.ops for node in (op.node, *op.also)]
         placed, node_cycles = placements(report, ops)
@@ -118,7 +109,7 @@ class VelaToolchain:
             logger.info("vela: inputs fixed to static shapes %s", fixed)
         return Compiled(toolchain=self.name, version=self.version(), placements=placed,
                         cost=dict(report.cost), artifact=artifact if artifact.exists() else None,
-                        log=done.stdout)
+                        log=stdout)
 
     def run(self, compiled: Compiled, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """Outputs of the integer TFLite model Vela compiled, by TFLite's reference kernels,
@@ -147,6 +138,21 @@ class VelaToolchain:
         return [np.concatenate(r) for r in results]
 
 
+def run_vela(tflite: Path, out_dir: Path, flags: Sequence[str]) -> tuple[list[str], str]:
+    """Run Vela on ``tflite`` (its CSVs into ``out_dir``); returns the command and stdout."""
+    command = [sys.executable, "-m", "ethosu.vela", str(tflite), "--output-dir", str(out_dir),
+               "--verbose-performance", "--show-cpu-operations", *flags]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=_TIMEOUT,
+                              check=False)
+    except subprocess.TimeoutExpired as e:
+        raise TargetError(f"vela did not finish on {tflite} in {_TIMEOUT} s") from e
+    if done.returncode != 0:
+        last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
+        raise TargetError(f"vela refused {tflite} (exit {done.returncode}): {last}")
+    return command, done.stdout
+
+
 def _interpreter(path: Path) -> Any:
     try:
         from ai_edge_litert.interpreter import (  # type: ignore[import-untyped]
@@ -157,7 +163,7 @@ def _interpreter(path: Path) -> Any:
         raise TargetError("the TFLite interpreter is not installed: "
                           f"pip install {INTERPRETER_PIN}") from e
     interpreter = Interpreter(model_path=str(path),
-                              experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
+                              experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
     try:
         interpreter.allocate_tensors()
     except RuntimeError as e:
