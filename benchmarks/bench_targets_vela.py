@@ -144,7 +144,8 @@ def _run_case(case: Case, fmt: str, vela: VelaToolchain, work: Path) -> list[str
         rows.append(
             f"| {case.name} | {fmt} | {accelerator} | {c['cycles']:,.0f} | "
             f"{c['sram_bytes'] / 1024:.1f} | "
-            f"{(c['flash_bytes'] + c['dram_bytes']) / 1024:.1f} | {c.get('npu_ops', 0):.0f} / {c.get('cpu_ops', 0):.0f} | "
+            f"{(c['flash_bytes'] + c['dram_bytes']) / 1024:.1f} | "
+            f"{c.get('npu_ops', 0):.0f} / {c.get('cpu_ops', 0):.0f} | "
             f"{placed - len(compiled.fallback)} / {len(compiled.fallback)} | {_fallback(compiled)}"
             f" | {worst} | {agree:.3f} | {_score(theirs, reference, labels):.3f} / "
             f"{_score(ours, reference, labels):.3f} | {seconds:.1f} / {run_s:.1f} |")
