@@ -2,7 +2,7 @@
 
 For each model and assignment (uniform int8; uniform int16 activations = 16x8 where the
 profile allows it) the script builds our QDQ model, lowers it to TFLite, compiles it with
-ethos-u-vela on each accelerator, and runs the TFLite file with TFLite's reference kernels
+ethos-u-vela on each accelerator, and runs the TFLite file with TFLite's builtin kernels
 against ONNX Runtime's QDQ outputs on held-out samples. Cycles, SRAM and placement are Vela's
 figures (its performance model: there is no Ethos-U simulator on the package index); the
 metric columns are the TFLite interpreter's and ONNX Runtime's.
@@ -174,7 +174,8 @@ def _header(argv: list[str]) -> str:
         "Cycles, SRAM, flash/DRAM and the NPU/CPU operator counts are Vela's own figures (its "
         "performance model; CPU operators are not costed by Vela). `nodes acc / cpu` counts our "
         "QDQ model's nodes by Vela's placement. `TFLite vs ORT` compares the TFLite file "
-        "(TFLite's reference kernels) with ONNX Runtime's QDQ outputs on the held-out samples; "
+        "(TFLite's builtin kernels, no XNNPACK delegate) with ONNX Runtime's QDQ outputs on "
+        "the held-out samples; "
         "`metric` is the fraction of held-out samples right (digits: the label; others: FP32's "
         "top class) under ORT QDQ / the TFLite file. `s` = compile / TFLite run seconds.", "",
         "| model | format | accelerator | cycles | SRAM KiB | flash+DRAM KiB | ops NPU / CPU "

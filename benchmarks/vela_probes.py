@@ -2,7 +2,7 @@
 
 Each probe is one TFLite operator (written with mpsearch's TFLite writer) on a [1, 8, 8, 16]
 feature map in a given activation type and zero point; Vela says NPU or CPU and why, and
-TFLite's reference kernels say whether they accept the file at all (the CPU fallback runs
+TFLite's builtin kernels say whether they accept the file at all (the CPU fallback runs
 those kernels). Used by ``bench_targets_vela.py``; ``python benchmarks/vela_probes.py`` prints
 the table alone.
 """

@@ -2,7 +2,7 @@
 
 Placements and cost are checked against Vela's own files and log (its per-layer CSV, summary
 CSV and "CPU operators = N" line), never against numbers written here; the TFLite file's
-outputs (TFLite's reference kernels) are checked against ONNX Runtime's QDQ outputs.
+outputs (TFLite's builtin kernels) are checked against ONNX Runtime's QDQ outputs.
 """
 
 from __future__ import annotations

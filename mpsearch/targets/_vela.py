@@ -5,10 +5,11 @@ the QDQ model to an integer TFLite file with the scales and zero points the sear
 (:mod:`._tflite_lower`), runs ``vela`` on it and reads Vela's own CSVs and warnings
 (:mod:`._vela_report`). The artifact is Vela's optimised ``model_vela.tflite``.
 
-``run`` computes the TFLite file given to Vela with TFLite's reference kernels (the integer
-arithmetic Ethos-U and TFLite Micro implement). There is no Ethos-U simulator on the package
-index: Vela's figures are its performance model, and ``run``'s outputs are the integer
-model's, not a simulation of the NPU.
+``run`` computes the TFLite file given to Vela with TFLite's builtin kernels, without the
+XNNPACK delegate: TFLite's fixed-point requantization, which TFLite Micro and Ethos-U follow
+(the reference resolver is not used: its int8 SUM is wrong). There is no Ethos-U simulator on
+the package index: Vela's figures are its performance model, and ``run``'s outputs are the
+integer model's, not a simulation of the NPU.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class VelaToolchain:
                         log=stdout)
 
     def run(self, compiled: Compiled, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """Outputs of the integer TFLite model Vela compiled, by TFLite's reference kernels,
+        """Outputs of the integer TFLite model Vela compiled, by TFLite's builtin kernels,
         one sample at a time; float inputs are quantized as the QDQ model's first
         QuantizeLinear does (round half to even, saturate)."""
         if compiled.artifact is None:
