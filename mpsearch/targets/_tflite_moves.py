@@ -234,4 +234,5 @@ MOVE_WRITERS: dict[str, Callable[[Node], list[Value]]] = {
     "Identity": _identity, "Transpose": _transpose, "Gather": _gather, "Split": _split,
     "Slice": _slice, "Pad": _pad, "Concat": _concat, "Erf": _erf, "Expand": _expand,
     "ReduceMax": _reduce_max, "GlobalMaxPool": _reduce_max, "Equal": _equal, "Cast": _cast,
+    "LayerNormalization": layer_norm,
 }

@@ -1,4 +1,5 @@
-"""One ONNX node (of our QDQ export) -> TFLite operators: the table :data:`WRITERS`.
+"""One ONNX node (of our QDQ export) -> TFLite operators, by the writer tables
+(:data:`._tflite_writers.WRITERS`, :data:`._tflite_moves.MOVE_WRITERS`).
 
 :func:`lower_node` decides whether the node is written integer (its activation inputs are
 quantized tensors and each output is read by one QuantizeLinear alone) or float32 (behind
@@ -214,9 +215,10 @@ def _fused_grids(low: Lowering, node: onnx.NodeProto, outputs: Set[str]
 
 def lower_node(low: Lowering, node: onnx.NodeProto, outputs: Set[str]) -> None:
     """Write ``node`` (see the module docstring); records its outputs in ``low.values``."""
+    from mpsearch.targets._tflite_moves import MOVE_WRITERS
     from mpsearch.targets._tflite_writers import WRITERS
 
-    writer = WRITERS.get(node.op_type)
+    writer = WRITERS.get(node.op_type) or MOVE_WRITERS.get(node.op_type)
     if writer is None:
         low.refuse(node, "no TFLite builtin operator is written for this op type")
         return

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mpsearch.targets._tflite_lower import TO_NCHW, QParams, Value
+from mpsearch.targets._tflite_lower import QParams, Value
 from mpsearch.targets._tflite_ops import Node, nhwc_const, refuse
 
 __all__ = ["WRITERS"]
@@ -296,17 +296,7 @@ WRITERS: dict[str, Callable[[Node], list[Value]]] = {
     "Softmax": _softmax, "GlobalAveragePool": _global_pool, "ReduceMean": _reduce("MEAN"),
     "ReduceSum": _reduce("SUM"), "Reciprocal": _reciprocal,
     "AveragePool": _pool("AVERAGE_POOL_2D"), "MaxPool": _pool("MAX_POOL_2D"),
+    "LeakyRelu": lambda n: _unary("LEAKY_RELU", "LeakyReluOptions",
+                                  alpha=n.number("alpha", 0.01))(n),
 }
 
-
-def _register_moves() -> None:
-    from mpsearch.targets._tflite_moves import MOVE_WRITERS, layer_norm
-
-    WRITERS.update(MOVE_WRITERS)
-    WRITERS["LayerNormalization"] = layer_norm
-    WRITERS["LeakyRelu"] = lambda n: _unary("LEAKY_RELU", "LeakyReluOptions",
-                                            alpha=n.number("alpha", 0.01))(n)
-
-
-_register_moves()
-_ = TO_NCHW

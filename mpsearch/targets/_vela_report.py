@@ -25,7 +25,7 @@ _LISTED = re.compile(r"^\s*(CPU|NPU): (\w+) = (.*) \(outputs ", re.M)
 _COUNT = re.compile(r"^(CPU|NPU) operators = (\d+)", re.M)
 _WARNING = re.compile(r"^Warning \(supported operators\) operator: (\w+), ofm: '(.*)'$")
 _KIB = 1024.0
-_TENSOR = re.compile(r" \([^()]*\)")  # "(tensor name)" in a reason: one reason per kind
+_TENSOR = re.compile(r" \([^()\s]*\)")  # "(tensor_name)" in a reason: one reason per kind
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
