@@ -11,7 +11,6 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-import flatbuffers  # type: ignore[import-untyped]
 import numpy as np
 
 __all__ = ["FlatModel", "FlatOp", "FlatTensor"]
@@ -84,6 +83,8 @@ class FlatModel:
 
 class _Writer:
     def __init__(self, model: FlatModel) -> None:
+        import flatbuffers  # type: ignore[import-untyped]  # installed with ethos-u-vela
+
         self.m = model
         self.b = flatbuffers.Builder(1024)
 
