@@ -182,3 +182,73 @@ def test_an_op_without_a_tflite_builtin_is_named(digits: Dataset, tmp_path: Path
         vela.compile(model, tmp_path, calibration=[], settings={})
     with pytest.raises(TargetError, match="unknown; valid"):
         vela.compile(model, tmp_path, calibration=[], settings={"accelerator": "u55"})
+
+
+def _qdq_chain(op: str, in_scale: float, out_scale: float, dtype: int, shape: list[int | str],
+               **attrs: object) -> onnx.ModelProto:
+    """input -> Q/DQ (in_scale) -> op -> Q/DQ (out_scale) -> output, opset 21."""
+    h = onnx.helper
+    zero = 0
+    inits = [h.make_tensor("si", onnx.TensorProto.FLOAT, [], [in_scale]),
+             h.make_tensor("so", onnx.TensorProto.FLOAT, [], [out_scale]),
+             h.make_tensor("z", dtype, [], [zero])]
+    nodes = [h.make_node("QuantizeLinear", ["input", "si", "z"], ["xq"], name="q_in"),
+             h.make_node("DequantizeLinear", ["xq", "si", "z"], ["x"], name="dq_in"),
+             h.make_node(op, ["x"], ["y_raw"], name="op", **attrs),
+             h.make_node("QuantizeLinear", ["y_raw", "so", "z"], ["yq"], name="q_out"),
+             h.make_node("DequantizeLinear", ["yq", "so", "z"], ["y"], name="dq_out")]
+    graph = h.make_graph(nodes, "chain",
+                         [h.make_tensor_value_info("input", onnx.TensorProto.FLOAT, shape)],
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                         initializer=inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 21)])
+
+
+def _ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    out: np.ndarray = session.run(None, {"input": x})[0]
+    return out
+
+
+def test_int16_tanh_with_a_wide_input_grid_matches_ort(tmp_path: Path,
+                                                       vela: VelaToolchain) -> None:
+    """TFLite's int16 TANH overflows at input scales of about 10; the writer saturates the
+    input onto [-16, 16) first (Magika's second tanh has input scale 30.8)."""
+    model = _qdq_chain("Tanh", 30.8, 1 / 32768, onnx.TensorProto.INT16, ["N", 64])
+    x = np.linspace(-30.8 * 32767, 30.8 * 32767, 64, dtype=np.float32)[None]
+    x = np.concatenate([x, np.linspace(-40, 40, 64, dtype=np.float32)[None]])
+    compiled = vela.compile(model, tmp_path, calibration=[], settings={})
+    assert compiled.fallback == ()
+    ours, theirs = vela.run(compiled, {"input": x})[0], _ort(model, x)
+    assert np.abs(ours - theirs).max() <= 2 / 32768
+
+
+def test_int8_reduce_sum_matches_ort(tmp_path: Path, vela: VelaToolchain) -> None:
+    """A 512-element int8 SUM: TFLite's reference resolver gets it wrong; run() must not."""
+    model = _qdq_chain("ReduceSum", 0.003, 1.42, onnx.TensorProto.INT8, [1, 512, 8],
+                       keepdims=0)
+    model.graph.node[2].input.append("axes")
+    model.graph.initializer.append(onnx.helper.make_tensor(
+        "axes", onnx.TensorProto.INT64, [1], [1]))
+    x = np.random.default_rng(0).uniform(-0.38, 0.38, (4, 1, 512, 8)).astype(np.float32)
+    compiled = vela.compile(model, tmp_path, calibration=[], settings={})
+    for sample in x:
+        ours, theirs = vela.run(compiled, {"input": sample})[0], _ort(model, sample)
+        assert np.abs(ours - theirs).max() <= 1.42 + 1e-6  # one output step
+
+
+def test_asymmetric_int16_is_refused_by_u85_and_tflite(tmp_path: Path,
+                                                       vela: VelaToolchain) -> None:
+    """The profiles' symmetric int16: Vela (U85) leaves an asymmetric int16 Add on the CPU and
+    TFLite's kernels refuse the file."""
+    model = _qdq_chain("Relu", 0.01, 0.01, onnx.TensorProto.INT16, [1, 8, 8, 16])
+    for init in model.graph.initializer:
+        if init.name == "z":
+            init.CopyFrom(onnx.helper.make_tensor("z", onnx.TensorProto.INT16, [], [7]))
+    compiled = vela.compile(model, tmp_path, calibration=[],
+                            settings={"accelerator_config": "ethos-u85-256"})
+    (relu,) = [p for p in compiled.placements if p.node == "op"]
+    assert relu.unit == "cpu" and "Zero-point" in relu.reason.replace("ZeroPoint", "Zero-point")
+    with pytest.raises(TargetError, match="zero_point"):
+        vela.run(compiled, {"input": np.zeros((1, 1, 8, 8, 16), np.float32)[0]})
