@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 
-from mpsearch.targets._tflite_lower import TO_NCHW, Value
+from mpsearch.targets._tflite_lower import TO_NCHW, TO_NHWC, Value
 from mpsearch.targets._tflite_ops import Node, nhwc_const, refuse
 
 __all__ = ["MOVE_WRITERS", "layer_norm"]
@@ -71,7 +71,9 @@ def _split(n: Node) -> list[Value]:
 
 
 def _slice(n: Node) -> list[Value]:
-    x = n.x(0, nhwc=False)
+    """STRIDED_SLICE in the input's layout (an NHWC input is sliced in place, not transposed
+    back to ONNX order first)."""
+    x = n.x(0)
     rank = len(x.shape)
     starts, ends = n.const_array(1), n.const_array(2)
     axes, steps = n.const_array(3), n.const_array(4)
@@ -87,11 +89,13 @@ def _slice(n: Node) -> list[Value]:
         b, e = int(starts.reshape(-1)[k]), int(ends.reshape(-1)[k])
         begin[a] = max(0, min(dim, b + dim if b < 0 else b))
         end[a] = max(0, min(dim, e + dim if e < 0 else e))
+    if x.nhwc:
+        begin, end, stride = ([v[i] for i in TO_NHWC] for v in (begin, end, stride))
     shape = n.low.shape_of(n.proto.output[0])
     return [n.emit("STRIDED_SLICE", (x.index or 0, _i32(n, "begin", begin),
                                      _i32(n, "end", end), _i32(n, "stride", stride)),
-                   n.output(0, shape, dtype=n.kind(x)), "StridedSliceOptions", begin_mask=0,
-                   end_mask=0)]
+                   n.output(0, shape, nhwc=x.nhwc, dtype=n.kind(x)), "StridedSliceOptions",
+                   begin_mask=0, end_mask=0)]
 
 
 def _pad(n: Node) -> list[Value]:
