@@ -157,7 +157,7 @@ def run_vela(tflite: Path, out_dir: Path, flags: Sequence[str]) -> tuple[list[st
 
 def _interpreter(path: Path) -> Any:
     try:
-        from ai_edge_litert.interpreter import (  # type: ignore[import-untyped]
+        from ai_edge_litert.interpreter import (  # type: ignore[import-untyped,unused-ignore]
             Interpreter,
             OpResolverType,
         )
