@@ -30,16 +30,25 @@ from typing import Any
 
 from mpsearch.errors import MpsearchError
 from mpsearch.rundir import RunDir, write_json
-from mpsearch.serve._store import UploadError, new_id, valid_id
+from mpsearch.serve._spec import JobConfig
+from mpsearch.serve._store import Upload, UploadError, new_id, valid_id
 from mpsearch.serve._worker import worker_command
 
-__all__ = ["ACTIVE", "Job", "JobQueue", "worker_command"]
+__all__ = ["ACTIVE", "Job", "JobQueue", "job_title", "worker_command"]
 
 logger = logging.getLogger(__name__)
 
 ACTIVE = ("queued", "running")
 _KILL_AFTER_S = 10.0
 _EXPORT_TIMEOUT_S = 900.0
+
+
+def job_title(number: int, config: JobConfig, model: Upload, profile: str) -> str:
+    """A job's name, told apart from the others: number, kind, model, profile, trials."""
+    trials = f", {config.trials} trials" if config.kind == "search" else ""
+    uploaded = model.created[11:16]
+    return (f"#{number} {config.kind} of {model.name} (uploaded {uploaded} UTC) on "
+            f"{profile}{trials}")
 
 
 def _now() -> str:
@@ -194,6 +203,30 @@ class JobQueue:
                 return job
             return self._set(job_id, state="queued", resume=True, exit_code=None, error=None,
                              note=None, started=None, finished=None, created=_now())
+
+    def finish(self, job_id: str, trials_done: int) -> Job:
+        """Rerun a stopped search with its budget cut to the ``trials_done`` trials it
+        finished: no new trial runs, the study's front is re-measured on the held-out split and
+        written to ``front.json``, so its points can be exported (the spec says so too)."""
+        from mpsearch.spec import load_spec
+
+        with self._lock:
+            job = self.get(job_id)
+            if job.kind != "search" or job.state in ACTIVE or job.state == "done":
+                raise UploadError("only a stopped search can be finished with the trials it "
+                                  "ran", status=409)
+            if trials_done < 1:
+                raise UploadError("this search finished no trial yet; resume it instead",
+                                  status=409)
+            run = RunDir(self.run_dir(job_id))
+            try:
+                spec = load_spec(run.spec_yaml)
+            except MpsearchError as e:
+                raise UploadError(f"this job's spec.yaml cannot be read: {e}") from e
+            run.write_spec(replace(spec, trials=trials_done))
+            self._set(job_id, trials=trials_done,
+                      title=f"{job.title} (finished at {trials_done} trials)")
+            return self.resume(job_id)
 
     def export(self, job_id: str, point: int) -> Path:
         """The front point ``point`` of a finished search as a QDQ model (built once by a

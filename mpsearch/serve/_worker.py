@@ -32,6 +32,7 @@ from typing import Any
 from mpsearch.errors import MpsearchError, SpecError
 from mpsearch.progress import JsonlProgress
 from mpsearch.rundir import RunDir
+from mpsearch.serve._quiet import interrupt_later, quiet_cancel
 from mpsearch.spec import SearchSpec, load_spec
 
 __all__ = ["decode_upload", "main", "run_job", "served_spec", "summarize_upload",
@@ -180,6 +181,8 @@ def _export(run_dir: Path, point: int, out: Path) -> int:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    if interrupt_later(frame):  # inside a journal write: the signal comes again shortly
+        return
     raise KeyboardInterrupt  # Optuna marks the running trial failed; the journal stays clean
 
 
@@ -188,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[:1] in (["data"], ["model"]):
         return _upload(args[0], args[1])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    quiet_cancel()  # a cancel is not a crash: no traceback of it in job.log
     signal.signal(signal.SIGTERM, _on_sigterm)
     run_dir = Path(args[-1] if args[:1] != ["export"] else args[1])
     try:

@@ -13,11 +13,12 @@ from mpsearch.errors import TargetError
 from mpsearch.targets._base import ACCELERATOR, CPU, Compiled, Placement, Toolchain
 
 __all__ = ["ACCELERATOR", "CPU", "TOOLCHAINS", "Compiled", "Placement", "TargetError",
-           "Toolchain", "toolchain"]
+           "Toolchain", "VelaToolchain", "toolchain"]
 
 #: Toolchain name -> "module:class" of its adapter (imported on first use).
 TOOLCHAINS: dict[str, str] = {
     "qnn": "mpsearch.targets._qnn:QnnToolchain",
+    "vela": "mpsearch.targets._vela:VelaToolchain",
 }
 
 
@@ -28,3 +29,12 @@ def toolchain(name: str) -> Toolchain:
     module, cls = TOOLCHAINS[name].split(":")
     adapter: Toolchain = getattr(importlib.import_module(module), cls)()
     return adapter
+
+
+def __getattr__(name: str) -> object:
+    """``VelaToolchain`` on first use, so importing the package loads no vendor module."""
+    if name == "VelaToolchain":
+        from mpsearch.targets._vela import VelaToolchain
+
+        return VelaToolchain
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
