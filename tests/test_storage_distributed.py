@@ -104,12 +104,14 @@ def test_killed_postgres_worker_trial_is_failed_and_retried(tmp_path: Path) -> N
         _, err = workers[1].communicate(timeout=600)
         assert workers[1].returncode == 0, err.decode(errors="replace")[-3000:]
         assert err == b""  # the retry is silent: no warning from the surviving worker
+        trials = optuna.load_study(study_name=study, storage=url).get_trials()
     finally:
         for worker in workers:
             if worker.poll() is None:
                 worker.kill()
                 worker.wait()
-    trials = optuna.load_study(study_name=study, storage=url).get_trials()
+        with psycopg.connect(base, autocommit=True) as connection:
+            connection.execute(f"DROP SCHEMA {study} CASCADE")
     states = {t.number: t.state for t in trials}
     assert optuna.trial.TrialState.RUNNING not in states.values(), states
     failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
@@ -132,5 +134,3 @@ def test_killed_postgres_worker_trial_is_failed_and_retried(tmp_path: Path) -> N
     # budget before the dead trial went stale.
     assert len(finished) in (TRIALS, TRIALS + 1)
     assert len(trials) == len(finished) + 1  # every trial accounted for: finished or the dead
-    with psycopg.connect(base, autocommit=True) as connection:
-        connection.execute(f"DROP SCHEMA {study} CASCADE")
