@@ -365,7 +365,8 @@ def test_sizes_a_few_bytes_apart_tie_on_the_front() -> None:
     """Uniform A16W8 is a few bytes of 16-bit zero points larger than uniform INT8 and far
     more accurate: within SIZE_TIE the sizes tie, so INT8 leaves the front; a point 1 % larger
     stays, and with latency as an objective the faster INT8 stays too."""
-    from mpsearch.search._study import SIZE_TIE, TrialRecord, _front
+    from mpsearch.pareto import SIZE_TIE
+    from mpsearch.search._study import TrialRecord, _front
 
     def record(trial: int, score: float, size: int, latency: float | None = None
                ) -> TrialRecord:

@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 
 from mpsearch.analysis._prefix import Cut, FloatPrefix
+from mpsearch.clock import ROUNDS
 from mpsearch.data import Dataset
 from mpsearch.evaluate import Evaluator, resolve_metric
 from mpsearch.quantize import Quantizer
@@ -287,15 +288,15 @@ class Measurer:
         output = self.evaluator.output
         return session.run(cut.feeds, [output])[output]
 
-    def latency(self, formats: Mapping[str, str], *, batch: int = 1, repeat: int = 5,
+    def latency(self, formats: Mapping[str, str], *, batch: int = 1, repeat: int = ROUNDS,
                 runs: Sequence[float] = ()) -> float:
         """Median seconds of one ONNX Runtime run of the model with ``formats`` on the first
-        ``batch`` samples, of ``repeat`` timed runs; cached like the measurements (a rerun does
-        not time again). The session of the configuration measured last is reused: timed at
-        the measuring batch size, the full batches it ran (else :meth:`timed_runs`) count
-        towards ``repeat`` and need no warm-up, as do ``runs`` (another measurer's
-        :meth:`timed_runs` of this configuration: same batch size, other data of the same
-        shapes)."""
+        ``batch`` samples, of ``repeat`` timed runs (:mod:`mpsearch.clock`); cached like the
+        measurements (a rerun does not time again). The session of the configuration measured
+        last is reused: timed at the measuring batch size, the full batches it ran (else
+        :meth:`timed_runs`) count towards ``repeat`` and need no warm-up, as do ``runs``
+        (another measurer's :meth:`timed_runs` of this configuration: same batch size, other
+        data of the same shapes)."""
         canonical = self.canonical(formats)
         base = assignment_key(canonical)
         batch = self.count(batch)
