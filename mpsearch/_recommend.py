@@ -26,6 +26,9 @@ from mpsearch.rundir import Front, FrontPoint, format_bytes, versus_fp32
 
 __all__ = ["Limits", "recommend", "recommendation_line"]
 
+#: Rounding slack of metric comparisons (a Wilson bound of k = n computes to 1 - 1e-16).
+_EPS = 1e-9
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
@@ -45,11 +48,12 @@ def recommend(front: Front, limits: Limits) -> tuple[int | None, str]:
                   if limits.max_size is None or p.size <= limits.max_size]
     floor = _floor(front, limits)
     if floor is not None:
-        chosen = [p for p in candidates if sign * _worst(p, sign) >= sign * floor] or \
-            [p for p in candidates if sign * p.metric >= sign * floor]
+        chosen = [p for p in candidates if sign * _worst(p, sign) >= sign * floor - _EPS] or \
+            [p for p in candidates if sign * p.metric >= sign * floor - _EPS]
     elif candidates:
         best = max(candidates, key=lambda p: sign * p.metric)
-        chosen = [p for p in candidates if sign * _best(p, sign) >= sign * best.metric]
+        chosen = [p for p in candidates
+                  if p is best or sign * _best(p, sign) >= sign * best.metric - _EPS]
     else:
         chosen = []
     if not chosen:

@@ -1,34 +1,34 @@
-"""The one latency clock: repeated, interleaved runs; a median and an interval.
+"""The one latency clock: repeated, interleaved runs; a median and the runs' spread.
 
 Consumes zero-argument callables (each runs one configuration once, e.g. an ONNX Runtime session
 on one batch); produces a :class:`Timing` per callable. Every latency mpsearch reports is timed
 here, with one repeat policy: a warm-up run each, then :data:`ROUNDS` rounds, each running every
 configuration once, in an order rotated from round to round, so that load on the machine (other
 processes, frequency scaling) falls on every configuration alike. The median is the latency;
-the interval is the distribution-free 95 % interval of that median (order statistics).
+the interval is the spread of the runs: the fastest and the slowest. Load that changes between
+two runs of a search moves a median far more than sampling does, so an interval of the median
+alone (order statistics) would claim a precision that a second search does not reproduce.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ROUNDS", "Timing", "median_interval", "time_runs"]
+__all__ = ["ROUNDS", "Timing", "time_runs"]
 
-#: Timed runs of each configuration (after one warm-up run): nine is the fewest whose median's
-#: 95 % order-statistic interval leaves out the fastest and the slowest run (the second and the
-#: eighth: 96.1 % coverage), so that one run a burst of load slowed does not set it.
+#: Timed runs of each configuration (after one warm-up run): enough that the spread sees the
+#: machine's load come and go, few enough to keep timing a small part of a search.
 ROUNDS = 9
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Timing:
-    """Seconds of one run of a configuration: the median of ``runs`` runs and its 95 %
-    interval ``(low, high)``."""
+    """Seconds of one run of a configuration: the median of ``runs`` runs and their spread
+    ``(low, high)``, the fastest and the slowest run."""
 
     seconds: float
     low: float
@@ -38,24 +38,6 @@ class Timing:
     @property
     def interval_ms(self) -> tuple[float, float]:
         return 1e3 * self.low, 1e3 * self.high
-
-
-def median_interval(times: Sequence[float], level: float = 0.95) -> tuple[float, float]:
-    """The order-statistic interval ``(x_(k), x_(n+1-k))`` of the median of ``times``, with
-    the largest ``k`` whose two-sided coverage is at least ``level`` (at n < 7 no order
-    statistics reach 95 %: the fastest and the slowest run)."""
-    ordered = sorted(times)
-    n = len(ordered)
-    if n == 0:
-        raise ValueError("median_interval: no times")
-    tail, k, below = (1.0 - level) / 2, 0, 0.0
-    while k < n // 2:
-        below += math.comb(n, k) / 2.0 ** n  # P(fewer than k + 1 runs below the median)
-        if below > tail:
-            break
-        k += 1
-    k = max(k, 1)
-    return ordered[k - 1], ordered[n - k]
 
 
 def time_runs(runs: Sequence[Callable[[], object]], *, rounds: int = ROUNDS,
@@ -80,7 +62,6 @@ def time_runs(runs: Sequence[Callable[[], object]], *, rounds: int = ROUNDS,
             times[i].append(time.perf_counter() - start)
     out = []
     for seconds in times:
-        low, high = median_interval(seconds)
-        out.append(Timing(seconds=float(np.median(seconds)), low=low, high=high,
-                          runs=len(seconds)))
+        out.append(Timing(seconds=float(np.median(seconds)), low=min(seconds),
+                          high=max(seconds), runs=len(seconds)))
     return tuple(out)

@@ -93,7 +93,7 @@ class Baseline:
     ``latency_estimate`` is the profile's estimate relative to FP32 (kept beside a measurement);
     ``latency_ms`` and ``batch_latency_ms`` are the measured medians at batch 1 and at the
     spec's batch size (:attr:`Front.latency_batch`), by :mod:`mpsearch.clock`; their
-    ``_interval`` fields are the 95 % intervals of those medians, ``[low, high]`` ms.
+    ``_interval`` fields are the spread of those runs, ``[fastest, slowest]`` ms.
     """
 
     metric: float

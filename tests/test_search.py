@@ -24,6 +24,7 @@ from mpsearch.demo import DEMO_MODEL
 from mpsearch.graph import load_model
 from mpsearch.pipeline import export_point, search_run
 from mpsearch.profiles import load_profile
+from mpsearch.rundir import Baseline, Front, FrontPoint
 from mpsearch.search import (
     MEASURE_ABOVE,
     Group,
@@ -409,3 +410,34 @@ def test_best_trials_without_a_deep_copy_match_optuna_s(directions: list[str]) -
     ours = sorted(t.number for t in _best_trials(study))
     assert ours == sorted(t.number for t in study.best_trials)
     assert 3 <= len(ours) < 30
+
+
+def test_the_same_configuration_times_alike_in_three_searches(tmp_path: Path) -> None:
+    """Latency is the median of interleaved runs with their spread (fastest, slowest): three
+    searches of the same spec report, for FP32, uniform INT8 and every point they share,
+    batch-1 and batch-N intervals that overlap."""
+    spec = _spec(tmp_path, "resnet", trials=3, profile="x86_ort_auto",
+                 extra="analysis: false\nobjectives: [metric, size, latency]\n")
+    runs = [search_run(load_spec(spec), tmp_path / f"run{i}") for i in range(3)]
+    fronts = [run.front for run in runs]
+    assert all(f.latency_source == "measured" for f in fronts)
+    shared = set.intersection(*({json.dumps(dict(p.assignment), sort_keys=True)
+                                 for p in f.points} for f in fronts))
+
+    def items(front: Front) -> dict[str, Baseline | FrontPoint]:
+        found: dict[str, Baseline | FrontPoint] = {"fp32": front.fp32,
+                                                   "int8": front.uniform["int8"]}
+        for p in front.points:
+            key = json.dumps(dict(p.assignment), sort_keys=True)
+            if key in shared:
+                found[key] = p
+        return found
+
+    per_run = [items(f) for f in fronts]
+    assert len(per_run[0]) >= 3 and all(r.keys() == per_run[0].keys() for r in per_run)
+    for name in per_run[0]:
+        for field in ("latency_ms_interval", "batch_latency_ms_interval"):
+            intervals = [getattr(r[name], field) for r in per_run]
+            assert all(i is not None and i[0] <= i[1] for i in intervals), (name, field)
+            low, high = max(i[0] for i in intervals), min(i[1] for i in intervals)
+            assert low <= high, (name, field, intervals)

@@ -334,7 +334,7 @@ def _interval_cell(interval: Any) -> str:
 
 
 def _ms_cell(value: Any, interval: Any) -> str:
-    """A median in ms with its 95 % interval: "0.175 [0.171, 0.182]"."""
+    """A median in ms with the spread of its runs: "0.175 [0.171, 0.182]"."""
     if value is None:
         return "n/a"
     return _num(value) + ("" if not interval else f" [{_num(interval[0])}, {_num(interval[1])}]")
@@ -371,14 +371,15 @@ def _front_table(front: Mapping[str, Any]) -> str:
             "latency"]
     if measured:
         batch = front.get("latency_batch")
-        head += ["est. latency (× FP32)", "ms, batch 1 [95 %]", f"ms, batch {batch} [95 %]"]
+        head += ["est. latency (× FP32)", "ms, batch 1 [fastest, slowest]",
+                 f"ms, batch {batch} [fastest, slowest]"]
     points = front.get("points", ())
     shown = [p for p in points if p.get("shown", True)]
     hidden = [p for p in points if not p.get("shown", True)]
     timing = ("Latency is the median of interleaved ONNX Runtime runs of every built model on "
-              "this machine (batch 1 and the spec's batch), with the 95 % interval of that "
-              "median; the words compare it with FP32's; the profile's estimate stands beside "
-              "it. " if measured else
+              "this machine (batch 1 and the spec's batch), with the fastest and the "
+              "slowest run; the words compare it with FP32's; the profile's estimate stands "
+              "beside it. " if measured else
               "Latency is the profile's estimate (relative costs x MACs), not a measurement. ")
     recommendation = front.get("recommendation")
     lead = ("" if not recommendation else
