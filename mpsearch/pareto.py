@@ -64,14 +64,22 @@ def dominates(a: Point, b: Point, *, higher_is_better: bool) -> bool:
     return bool(no_worse[0, 1] and not no_worse[1, 0])
 
 
+def _beats(points: Sequence[Point], by: Sequence[Point], higher_is_better: bool
+           ) -> np.ndarray:
+    """``[i, j]``: whether candidate ``i`` (``by``, then ``points``) dominates ``points[j]``."""
+    candidates = [*by, *points]
+    forward = _no_worse(candidates, points, higher_is_better=higher_is_better)
+    backward = _no_worse(points, candidates, higher_is_better=higher_is_better)
+    return np.asarray(forward & ~backward.T)
+
+
 def dominated_flags(points: Sequence[Point], *, higher_is_better: bool,
                     by: Sequence[Point] = ()) -> tuple[bool, ...]:
     """For each point, whether another of ``points`` or one of ``by`` (extra candidates, such
     as the uniform baselines) dominates it."""
     if not points:
         return ()
-    return tuple(i is not None for i in dominators(points, higher_is_better=higher_is_better,
-                                                   by=by))
+    return tuple(bool(v) for v in np.any(_beats(points, by, higher_is_better), axis=0).tolist())
 
 
 def dominators(points: Sequence[Point], *, higher_is_better: bool, by: Sequence[Point] = ()
@@ -82,14 +90,12 @@ def dominators(points: Sequence[Point], *, higher_is_better: bool, by: Sequence[
     first with the best metric."""
     if not points:
         return ()
-    candidates = [*by, *points]
-    no_worse = _no_worse(candidates, candidates, higher_is_better=higher_is_better)
-    beats = no_worse & ~no_worse.T  # [i, j]: candidate i dominates candidate j
+    beats = _beats(points, by, higher_is_better)
+    beaten = [False] * len(by) + [bool(v) for v in np.any(beats, axis=0).tolist()]
     sign = 1.0 if higher_is_better else -1.0
-    good = np.array([sign * m if m == m else -math.inf for m, _, _ in candidates])
-    beaten = beats.any(axis=0)
+    good = [sign * m if m == m else -math.inf for m, _, _ in [*by, *points]]
     out: list[int | None] = []
-    for j in range(len(by), len(candidates)):
+    for j in range(len(points)):
         winners = [int(i) for i in np.flatnonzero(beats[:, j])]
         pool = ([i for i in winners if i < len(by)] or [i for i in winners if not beaten[i]]
                 or winners)

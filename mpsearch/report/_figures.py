@@ -342,7 +342,7 @@ def _latency_marker(latencies: Sequence[float | None], label: str) -> dict[str, 
     marker: dict[str, Any] = {"size": 11, "line": {"color": "#333333", "width": 1}}
     if latencies and all(v is not None for v in latencies):
         marker.update(color=[_r(v) for v in latencies], colorscale="Viridis", showscale=True,
-                      colorbar={"title": {"text": f"{label}<br>(× FP32)"}})
+                      colorbar={"title": {"text": f"{label}<br>(× FP32,<br>below 1: faster)"}})
     else:
         marker["color"] = "#1f77b4"
     return marker

@@ -350,7 +350,7 @@ def _front_rows(front: Mapping[str, Any], points: Sequence[Mapping[str, Any]],
         row = [name, _num(p.get("metric")), _interval_cell(p.get("interval")),
                f'{p.get("size") or 0:,}', speed]
         if measured:
-            row += [_num(p.get("latency_estimate")),
+            row += ["-" if name == "FP32" else versus_fp32(p.get("latency_estimate")),
                     _ms_cell(p.get("latency_ms"), p.get("latency_ms_interval")),
                     _ms_cell(p.get("batch_latency_ms"), p.get("batch_latency_ms_interval"))]
         status = ("baseline" if "index" not in p else
@@ -371,7 +371,7 @@ def _front_table(front: Mapping[str, Any]) -> str:
             "latency"]
     if measured:
         batch = front.get("latency_batch")
-        head += ["est. latency (× FP32)", "ms, batch 1 [fastest, slowest]",
+        head += ["est. latency", "ms, batch 1 [fastest, slowest]",
                  f"ms, batch {batch} [fastest, slowest]"]
     points = front.get("points", ())
     shown = [p for p in points if p.get("shown", True)]
