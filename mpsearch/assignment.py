@@ -10,6 +10,7 @@ profile's cost model.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -26,6 +27,7 @@ from mpsearch.summary import ModelSummary
 
 __all__ = [
     "Assignment",
+    "assignment_key",
     "ActivationSpec",
     "NodePlan",
     "plan_nodes",
@@ -41,6 +43,14 @@ __all__ = [
 
 _BYTES = {"int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "float32": 4,
           "float16": 2}
+
+
+def assignment_key(formats: Mapping[str, str]) -> str:
+    """The one stable key of a node -> format mapping: a short hash of its sorted items, so
+    equal mappings share a key whatever their order (the search's and the measurer's caches,
+    and ``cache/measurements.json``, are keyed by it)."""
+    text = json.dumps(sorted(formats.items()), separators=(",", ":"))
+    return hashlib.sha1(text.encode()).hexdigest()[:20]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +69,8 @@ class Assignment(Mapping[str, str]):
         return len(self.formats)
 
     def key(self) -> str:
-        """A stable text key (used to cache results by assignment)."""
-        return json.dumps(dict(sorted(self.formats.items())), separators=(",", ":"))
+        """:func:`assignment_key` of the whole mapping (results are cached by it)."""
+        return assignment_key(self.formats)
 
     def to_dict(self) -> dict[str, str]:
         return dict(self.formats)

@@ -83,10 +83,8 @@ class SharedWeights:
     """The large float initializers of a reference model, written once to a private folder, so
     that sessions of models carrying them unchanged (same name, same bytes: a configuration
     leaves most weights float) read them as external data instead of serializing and parsing
-    them again. On a transformer with 90 MB of weights this takes a single-node configuration's
-    session from 0.30 s to 0.09-0.10 s, the copy and comparison included, and its build and
-    session together from 0.21 s to 0.06 s when the build emits the stand-ins
-    (benchmarks/RESULTS.md); the outputs are bit-identical, since the bytes are.
+    them again: on a weight-heavy model that serialization is most of a small configuration's
+    session time. The outputs are bit-identical, since the bytes are.
 
     Only tensors stored as ``raw_data`` of at least ``min_bytes`` are shared; the folder is
     removed with this object. :attr:`stand_ins` maps each shared tensor's name to its

@@ -1,7 +1,7 @@
 """The page of the HTML report and the look it shares with its figures.
 
 Consumes the parsed run files and the payload :mod:`mpsearch.report` built (figure dicts from
-:mod:`mpsearch._report_figures`, the Pareto front's table data); produces the HTML document:
+:mod:`mpsearch.report._figures`, the Pareto front's table data); produces the HTML document:
 the CSS, the script that draws the charts, swaps the node shown in the distribution view and
 fills the selected Pareto point's table, and the HTML of each section. A section whose file is
 missing says "not run". Every text from the run (node names come from user models) is escaped.

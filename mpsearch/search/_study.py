@@ -290,9 +290,8 @@ SQNR_CAP = 1000.0
 #: size beats it by more than a slack (:meth:`_Objective.sqnr_slack`): SQNR_SLACK_DB *
 #: sqrt(SQNR_SLACK_SAMPLES / n) dB until RACE_CALIBRATION completed trials passed that stage,
 #: then RACE_SAFETY times the largest rise from the stage to the final score they showed, at
-#: least RACE_FLOOR_DB. Measured (benchmarks/RESULTS.md, "Racing"): the largest rise from 32
-#: of 128 samples was 0.84 dB on MobileNetV2 and 1.0 dB on Magika, from 64 samples 0.20 and
-#: 2.76 dB.
+#: least RACE_FLOOR_DB, so the race is as tight as the model's own sample-to-sample noise
+#: allows (the rises measured on real models: benchmarks/RESULTS.md, "Racing").
 SQNR_SLACK_DB = 3.0
 SQNR_SLACK_SAMPLES = 32
 RACE_CALIBRATION = 10

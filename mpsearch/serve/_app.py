@@ -1,8 +1,8 @@
 """``mpsearch serve``: a local web interface over the Python API (Starlette, run by uvicorn).
 
 Consumes a work directory and requests from a browser; produces uploads
-(``WORKDIR/uploads/``, :mod:`mpsearch._serve_store`), jobs whose run directories are the CLI's
-(``WORKDIR/runs/{id}/``, :mod:`mpsearch._serve_jobs`), and pages: the model summary as soon as
+(``WORKDIR/uploads/``, :mod:`mpsearch.serve._store`), jobs whose run directories are the CLI's
+(``WORKDIR/runs/{id}/``, :mod:`mpsearch.serve._jobs`), and pages: the model summary as soon as
 a model is uploaded, the profile's formats and op rules, the data and quantization form, live
 job progress and the results (the run's report with its charts, the Pareto front, each point's
 QDQ model and the job's ``spec.yaml`` to rerun it from the CLI).

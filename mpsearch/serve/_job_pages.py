@@ -2,7 +2,7 @@
 
 Consumes plain values (the model upload and its summary dict, choices for the form, a job
 state, its progress dict and ``front.json``); produces HTML strings (see
-:mod:`mpsearch._serve_pages` for the shared layout).
+:mod:`mpsearch.serve._pages` for the shared layout).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Background jobs of ``mpsearch serve``: a small queue of worker processes, one per job.
 
-Consumes jobs whose run directory already holds ``spec.yaml`` (see :mod:`mpsearch._serve_spec`);
+Consumes jobs whose run directory already holds ``spec.yaml`` (see :mod:`mpsearch.serve._spec`);
 produces their run directories (``WORKDIR/runs/{id}/``) through the worker
 (:func:`worker_command`: ``python -I`` with this installed package's folder first on
 ``sys.path``, so no ``mpsearch/`` of the current directory can stand in for it), which calls
