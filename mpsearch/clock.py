@@ -40,23 +40,16 @@ class Timing:
         return 1e3 * self.low, 1e3 * self.high
 
 
-def time_runs(runs: Sequence[Callable[[], object]], *, rounds: int = ROUNDS,
-              warmup: bool = True, prior: Sequence[Sequence[float]] = ()) -> tuple[Timing, ...]:
-    """Time each of ``runs`` :data:`ROUNDS` times, interleaved (module doc); ``prior[i]``:
-    seconds of warm runs of ``runs[i]`` already made, which count towards its rounds (the
-    latest first), and skip its warm-up."""
-    times: list[list[float]] = [list(prior[i])[-rounds:] if i < len(prior) else []
-                                for i in range(len(runs))]
-    if warmup:
-        for run, done in zip(runs, times, strict=True):
-            if not done:
-                run()
+def time_runs(runs: Sequence[Callable[[], object]], *, rounds: int = ROUNDS
+              ) -> tuple[Timing, ...]:
+    """Time each of ``runs`` ``rounds`` times after one warm-up run each, interleaved (module
+    doc)."""
+    for run in runs:
+        run()
+    times: list[list[float]] = [[] for _ in runs]
     for r in range(rounds):
-        order = list(range(len(runs)))
-        order = order[r % len(order):] + order[:r % len(order)] if order else order
-        for i in order:
-            if len(times[i]) >= rounds:
-                continue
+        shift = r % len(runs) if runs else 0
+        for i in [*range(shift, len(runs)), *range(shift)]:
             start = time.perf_counter()
             runs[i]()
             times[i].append(time.perf_counter() - start)

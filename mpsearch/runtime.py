@@ -223,14 +223,10 @@ class Session:
                 collected.setdefault(name, []).append(value)
         return {name: np.concatenate(parts, axis=0) for name, parts in collected.items()}
 
-    def time_batch(self, feeds: Mapping[str, np.ndarray], repeat: int = ROUNDS, *,
-                   warmup: bool = True, timed: Sequence[float] = ()) -> float:
-        """Median seconds for one run of ``feeds`` by :mod:`mpsearch.clock` (after one warm-up
-        run unless the session just ran batches of this shape), over ``repeat`` runs;
-        ``timed``: seconds of warm runs of batches of this shape the session already made,
-        which count towards them."""
-        return time_runs([lambda: self.run(feeds)], rounds=repeat, warmup=warmup,
-                         prior=[timed])[0].seconds
+    def time_batch(self, feeds: Mapping[str, np.ndarray], repeat: int = ROUNDS) -> float:
+        """Median seconds for one run of ``feeds`` over ``repeat`` runs after a warm-up
+        (:mod:`mpsearch.clock`)."""
+        return time_runs([lambda: self.run(feeds)], rounds=repeat)[0].seconds
 
 
 def create_session(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mpsearch.clock import ROUNDS, time_runs
 
 
@@ -12,7 +14,14 @@ def test_time_runs_interleaves_every_configuration() -> None:
     assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]
     assert [t.runs for t in timings] == [3, 3]
     assert all(t.low <= t.seconds <= t.high for t in timings)
-    spread = time_runs([lambda: None], prior=[[3.0, 1.0, 2.0, 9.0, 4.0, 5.0, 6.0, 7.0, 8.0]])
-    assert (spread[0].seconds, spread[0].low, spread[0].high) == (5.0, 1.0, 9.0)
-    prior = time_runs([lambda: calls.append("c")], prior=[[1.0] * ROUNDS])  # already timed
-    assert calls[-1] == "b" and prior[0].seconds == 1.0 and prior[0].interval_ms == (1e3, 1e3)
+    assert time_runs([]) == ()
+
+
+def test_the_median_and_the_spread_of_the_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nine runs of a fake clock: 3, 1, 2, 9, 4, 5, 6, 7, 8 s -> median 5, spread [1, 9]."""
+    ticks = iter([0.0, 3.0, 3.0, 4.0, 4.0, 6.0, 6.0, 15.0, 15.0, 19.0, 19.0, 24.0, 24.0, 30.0,
+                  30.0, 37.0, 37.0, 45.0])
+    monkeypatch.setattr("mpsearch.clock.time.perf_counter", lambda: next(ticks))
+    (timing,) = time_runs([lambda: None])
+    assert (timing.seconds, timing.low, timing.high, timing.runs) == (5.0, 1.0, 9.0, ROUNDS)
+    assert timing.interval_ms == (1e3, 9e3)
