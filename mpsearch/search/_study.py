@@ -259,26 +259,27 @@ class _Objective:
         self.timing["inference"] += result.eval_s
 
     def _hopeless(self, partial: Measurement, assignment: Assignment) -> bool:
-        """True when a finished trial dominates this one even at the optimistic end of its
-        interval (:mod:`mpsearch.pareto`'s rule on metric and size): three standard errors
-        (Wilson's for accuracy-like metrics, k of n samples; else a proportion's widest), or
-        by SQNR its slack at this sample count (:meth:`sqnr_slack`)."""
+        """True when a finished trial at no larger size beats this one by a clear margin: its
+        metric beats the optimistic end of this one's interval at three standard errors
+        (Wilson's for accuracy-like metrics, k of n samples; else a proportion's widest). A
+        strict beat on the metric, not dominance: an equal count must race on, since the
+        score's SQNR tie-break may still rank it above the smaller trial."""
         metric, samples = partial.value, partial.samples
         if is_proportion(partial.primary) and self.higher:
             optimistic = wilson_interval(round(metric * samples), samples, z=3.0)[1]
         else:
             slack = 3.0 * math.sqrt(0.25 / samples)
             optimistic = metric + slack if self.higher else metric - slack
-        size = float(model_size(self.graph, self.profile, assignment))
+        size = model_size(self.graph, self.profile, assignment)
         if self.min_metric is not None and self._worse(optimistic, self.min_metric):
             return True
-        if self.by_sqnr:
+        if self.by_sqnr:  # beaten in SQNR by more than its slack at this sample count
             best = self.score(partial) + self.sqnr_slack(samples)
-            others = [(values[0], values[1], None) for values in self.cache.values()]
-            return dominated_flags([(best, size, None)], higher_is_better=True, by=others)[0]
-        others = [(self.metrics[key], values[1], None) for key, values in self.cache.items()]
-        return dominated_flags([(optimistic, size, None)], higher_is_better=self.higher,
-                               by=others)[0]
+            return any(values[1] <= size and values[0] > best for values in self.cache.values())
+        for key, values in self.cache.items():
+            if values[1] <= size and self._worse(optimistic, self.metrics[key]):
+                return True
+        return False
 
     def _worse(self, a: float, b: float) -> bool:
         return a < b if self.higher else a > b
