@@ -338,16 +338,19 @@ def model_size(graph: ModelGraph, profile: HardwareProfile, assignment: Mapping[
                 stored[(node.inputs[0], read, per_axis[0])] = per_axis[1] * (
                     4 + _BYTES[read.dtype])
         if plan is not None:
+            per_tensor = False  # a per-tensor weight's bias has one scale and zero point
             for weight, fmt in plan.weights:
                 channels, axis = weight_channels(graph, profile, node, weight, fmt)
                 size = graph.initializers[weight].size * _BYTES[fmt.dtype]
                 extra = 0 if fmt.is_float else channels * (4 + _BYTES[fmt.dtype])
                 stored[(weight, fmt, axis)] = size + extra
+                per_tensor = axis is None and not fmt.is_float
             for tensor, spec in plan.constants:
                 size = graph.initializers[tensor].size * _BYTES[spec.dtype]
                 stored[(tensor, spec)] = size + (0 if _float(spec) else 4 + _BYTES[spec.dtype])
             if plan.bias is not None:
-                stored[(plan.bias, node.name)] = graph.initializers[plan.bias].size * 12
+                count = graph.initializers[plan.bias].size
+                stored[(plan.bias, node.name)] = count * 4 + (8 if per_tensor else count * 8)
             for tensor, spec in (*plan.inputs, *plan.outputs):
                 if carried.get(tensor) != spec:  # a clamped Relu's output needs no new Q/DQ
                     stored[(tensor, spec)] = 0 if _float(spec) else 4 + _BYTES[spec.dtype]

@@ -132,6 +132,11 @@ class FrontPoint:
     held-out re-measure (:mod:`mpsearch.pareto`'s rule); such a point is not ``shown`` as part
     of the front (kept for the record) and ``beaten_by`` names what beats it: a baseline's
     name (``fp32``, ``int8``, ...) or ``point K``. The latency fields are :class:`Baseline`'s.
+    With a spec's ``verify: toolchain``,
+    ``target_metric`` is the held-out metric as the profile's toolchain computes it (its
+    emulator or simulator), ``target_placement`` where each node runs there (counts, the
+    nodes on the CPU with the toolchain's reason, every placement) and ``target_cost`` the
+    toolchain's own cost figures; None otherwise.
     """
 
     index: int
@@ -154,6 +159,9 @@ class FrontPoint:
     batch_latency_ms_interval: tuple[float, float] | None = None
     shown: bool = True
     beaten_by: str | None = None
+    target_metric: float | None = None
+    target_placement: Mapping[str, Any] | None = None
+    target_cost: Mapping[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -177,7 +185,10 @@ class FrontPoint:
                    dominated=bool(data.get("dominated", False)),
                    latency_ms_interval=_interval(data.get("latency_ms_interval")),
                    batch_latency_ms_interval=_interval(data.get("batch_latency_ms_interval")),
-                   shown=bool(data.get("shown", True)), beaten_by=data.get("beaten_by"))
+                   shown=bool(data.get("shown", True)), beaten_by=data.get("beaten_by"),
+                   target_metric=data.get("target_metric"),
+                   target_placement=data.get("target_placement"),
+                   target_cost=data.get("target_cost"))
 
 
 def _metrics(data: Mapping[str, Any]) -> dict[str, float]:

@@ -19,6 +19,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mpsearch.report._target import target_html
 from mpsearch.rundir import versus_fp32
 
 __all__ = ["CLASS_COLORS", "MAX_BINS", "axis", "esc", "format_color", "layout", "node_axis",
@@ -452,6 +453,9 @@ def render_page(files: Mapping[str, Any], payload: Mapping[str, Any],
         ("front", "Pareto front", _front_html(charts, payload["front"],
                                               files.get("front.json") or {})),
     ]
+    target = target_html(files.get("front.json") or {})
+    if target is not None:  # the run's front as the profile's toolchain ran it
+        sections.append(("target", "On the target", target))
     nav = "".join(f'<a href="#{i}">{esc(t)}</a>' for i, t, _ in sections)
     body = "".join(f'<section id="{i}"><h2>{esc(t)}</h2>{b}</section>' for i, t, b in sections)
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '

@@ -97,9 +97,12 @@ class _Objective:
     """Turns a trial into (metric, size[, latency]) with caching, repair and early pruning."""
 
     def __init__(self, measurer: Measurer, summary: ModelSummary, spec: SearchSpec,
-                 groups: Sequence[Group], min_metric: float | None, max_size: int | None
-                 ) -> None:
+                 groups: Sequence[Group], min_metric: float | None, max_size: int | None,
+                 refusal: Callable[[Assignment], str | None] | None = None) -> None:
         self.measurer = measurer
+        #: Why the target would not run an assignment wholly on its accelerator (None: it
+        #: would); such a trial is infeasible (``verify: toolchain``).
+        self.refusal = refusal
         self.graph = measurer.quantizer.graph
         self.profile = measurer.quantizer.profile
         self.summary = summary
@@ -171,6 +174,10 @@ class _Objective:
         assignment = make_assignment(self.graph, self.profile, formats)
         key = assignment.key()
         trial.set_user_attr("assignment", assignment.to_dict())
+        why = None if self.refusal is None else self.refusal(assignment)
+        if why is not None:
+            trial.set_user_attr("rejected", why)
+            raise optuna.TrialPruned(why)
         if key in self.cache:
             trial.set_user_attr("cached", True)
             trial.set_user_attr("metric", self.metrics[key])
@@ -356,8 +363,11 @@ def run_search(
     measurer: Measurer, summary: ModelSummary, spec: SearchSpec, *, run_dir: Path,
     resume: bool = False, inputs: Mapping[str, str] | None = None,
     progress: Reporter | None = None,
+    refusal: Callable[[Assignment], str | None] | None = None,
 ) -> SearchResult:
-    """Run (or resume) the search until the study holds ``spec.trials`` finished trials."""
+    """Run (or resume) the search until the study holds ``spec.trials`` finished trials;
+    ``refusal``: why the target would not take an assignment (None: it would), making that
+    trial infeasible."""
     graph, profile = measurer.quantizer.graph, measurer.quantizer.profile
     groups = group_nodes(graph, profile, spec.formats)
     if not groups:
@@ -374,7 +384,7 @@ def run_search(
     if spec.use_memory_budget and profile.memory_budget_bytes is not None:
         budget = profile.memory_budget_bytes
         max_size = budget if max_size is None else min(max_size, budget)
-    objective = _Objective(measurer, summary, spec, groups, min_metric, max_size)
+    objective = _Objective(measurer, summary, spec, groups, min_metric, max_size, refusal)
     directions = ["maximize" if objective.score_higher else "minimize", "minimize"]
     if "latency" in spec.objectives:
         directions.append("minimize")
