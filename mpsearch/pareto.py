@@ -110,14 +110,16 @@ def nondominated(points: Sequence[Point], *, higher_is_better: bool) -> tuple[in
 
 
 def matched(point: Point, others: Sequence[Point], *, higher_is_better: bool,
-            metric_margin: float, relative: float) -> bool:
+            metric_margin: float, relative: float, latency_relative: float | None = None
+            ) -> bool:
     """Whether one of ``others`` is no worse than ``point`` within ``metric_margin`` on the
-    metric and the fraction ``relative`` on size and latency: ``point`` did not move the
-    front (the search's patience stop)."""
+    metric, the fraction ``relative`` on size and ``latency_relative`` (default ``relative``)
+    on latency: ``point`` did not move the front (the search's patience stop)."""
     if not others:
         return False
+    latency_tie = relative if latency_relative is None else latency_relative
     no_worse = _no_worse(others, [point], higher_is_better=higher_is_better,
-                         metric_margin=metric_margin, size_tie=relative, latency_tie=relative)
+                         metric_margin=metric_margin, size_tie=relative, latency_tie=latency_tie)
     return bool(no_worse.any())
 
 

@@ -76,6 +76,10 @@ def test_matched_allows_the_patience_margins() -> None:
     assert not matched(point, [(31.0, 1006.0, 1.0)], higher_is_better=True, metric_margin=0.5,
                        relative=0.005)
     assert not matched(point, [], higher_is_better=True, metric_margin=0.5, relative=0.005)
+    slower = [(30.0, 1000.0, 1.08)]  # 8 % slower: a match only within a 10 % latency margin
+    assert not matched(point, slower, higher_is_better=True, metric_margin=0.5, relative=0.005)
+    assert matched(point, slower, higher_is_better=True, metric_margin=0.5, relative=0.005,
+                   latency_relative=0.10)
 
 
 def test_thin_keeps_the_ends_and_spreads_the_rest() -> None:

@@ -469,20 +469,25 @@ FRONT_CHANGED = "front_changed"
 #: 0.3 dB on the same configurations); a k-of-n metric: one sample; size and latency: 0.5 %.
 FRONT_MARGIN_DB = 0.5
 FRONT_MARGIN_RELATIVE = 0.005
+#: The latency margin of the patience stop: a trial's batch-1 time varies by more than 0.5 %
+#: from run to run (load, frequency scaling), so only a trial 10 % faster than every match
+#: moves the front.
+FRONT_MARGIN_LATENCY = 0.10
 
 
 def _patience_callback(patience: int, margin: float, score_higher: bool
                        ) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     """Stop the search once ``patience`` finished trials in a row, counted from the last seed,
     found nothing an earlier trial did not already match within ``margin`` on the objective
-    value (and :data:`FRONT_MARGIN_RELATIVE` on size and latency): the front stopped moving.
+    value, :data:`FRONT_MARGIN_RELATIVE` on size and :data:`FRONT_MARGIN_LATENCY` on latency:
+    the front stopped moving.
     Kept in the study's attributes, so a resumed search counts on where it stopped."""
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         earlier = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         others = [_point(other) for other in earlier if other.number != trial.number]
         if trial.state == optuna.trial.TrialState.COMPLETE and not matched(
                 _point(trial), others, higher_is_better=score_higher, metric_margin=margin,
-                relative=FRONT_MARGIN_RELATIVE):
+                relative=FRONT_MARGIN_RELATIVE, latency_relative=FRONT_MARGIN_LATENCY):
             study.set_user_attr(FRONT_CHANGED, trial.number)
         elif _unmoved_trials(study) >= patience:
             study.stop()
