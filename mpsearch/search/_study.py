@@ -466,7 +466,7 @@ def _explore_callback(
 FRONT_CHANGED = "front_changed"
 #: What moves the front, for the patience stop: a configuration no earlier one matches within
 #: these margins. SQNR: 0.5 dB (the search and held-out splits of MobileNetV2 disagreed by up to
-#: 0.3 dB on the same configurations); a k-of-n metric: one sample; size and latency: 0.5 %.
+#: 0.3 dB on the same configurations); a k-of-n metric: one sample; size: 0.5 %.
 FRONT_MARGIN_DB = 0.5
 FRONT_MARGIN_RELATIVE = 0.005
 #: The latency margin of the patience stop: a trial's batch-1 time varies by more than 0.5 %
