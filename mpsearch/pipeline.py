@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from mpsearch.assignment import (
     uniform_assignment,
 )
 from mpsearch.calibration import CalibrationTable, calibrate, calibrate_cached
+from mpsearch.clock import time_runs
 from mpsearch.data import Dataset, check_finite, check_signature, load_data
 from mpsearch.errors import DataError, ModelError, SearchError, SpecError
 from mpsearch.evaluate import Evaluation, Evaluator
@@ -328,6 +330,7 @@ def search_run(
 ) -> SearchRun:
     """Prepare, analyze (when ``spec.analysis``), search and re-measure the front on held-out
     data, through one measurer per split; write the run directory."""
+    spec = with_objectives(spec)
     _check_latency_objective(spec)  # before any work: an unknown cost fails every trial
     run = _rundir(run_dir).create()
     prepared = prepare(spec, run, progress=progress)
@@ -363,6 +366,17 @@ def search_run(
                        r.source] for r in result.trials])
     return SearchRun(run_dir=run.path, result=result, front=front, analysis=analysis,
                      measured=tuple(measurer.measured))
+
+
+def with_objectives(spec: SearchSpec) -> SearchSpec:
+    """``spec`` with its objectives decided: as written, else metric and size, and latency
+    where this host times the profile's target (:func:`measures_latency`): a person deploys
+    on the machine that measured the front, and the time it takes is part of the answer."""
+    if spec.objectives:
+        return spec
+    timed = measures_latency(load_profile(spec.profile))
+    return replace(spec, objectives=("metric", "size", "latency") if timed else
+                   ("metric", "size"))
 
 
 def _verifier(spec: SearchSpec, prepared: Prepared, run_dir: Path, data: Dataset
@@ -427,7 +441,8 @@ def _search_inputs(prepared: Prepared, spec: SearchSpec, data: Dataset) -> dict[
 class BuiltModel:
     """A QDQ model written to ``path`` and measured against FP32 on held-out data: metrics,
     weight bytes and the median batch-1 latency of both. ``point`` is the front point it
-    was exported from, if any."""
+    was exported from, if any. The latencies are :mod:`mpsearch.clock`'s medians of both
+    models interleaved, None where this host does not run the profile's target."""
 
     path: Path
     assignment: Assignment
@@ -435,8 +450,8 @@ class BuiltModel:
     fp32: Evaluation
     size: int
     fp32_size: int
-    latency_s: float
-    fp32_latency_s: float
+    latency_s: float | None
+    fp32_latency_s: float | None
     point: FrontPoint | None = None
     #: With ``target``: the toolchain's artifact, the held-out metric it computes, and its
     #: placement record (:func:`~mpsearch.targets._verify.placement_record`) and cost.
@@ -457,13 +472,17 @@ def _build(prepared: Prepared, assignment: Assignment, out: str | Path, data: Da
                               batch_size=spec.batch_size, threads=spec.threads)
         feeds = next(iter(data.batches(1)))
         graph, profile = prepared.graph, prepared.profile
+        latency: tuple[float | None, ...] = (None, None)
+        if measures_latency(profile):
+            sessions = (evaluator.session(model), evaluator.session(graph.model))
+            latency = tuple(t.seconds
+                            for t in time_runs([partial(s.run, feeds) for s in sessions]))
         return BuiltModel(
             path=Path(out), assignment=assignment,
             evaluation=evaluator.evaluate(onnx.load(str(out))), fp32=evaluator.fp32(),
             size=model_size(graph, profile, assignment),
             fp32_size=model_size(graph, profile, {}),
-            latency_s=evaluator.session(model).time_batch(feeds),
-            fp32_latency_s=evaluator.session(graph.model).time_batch(feeds), point=point)
+            latency_s=latency[0], fp32_latency_s=latency[1], point=point)
     except BaseException:
         Path(out).unlink(missing_ok=True)
         raise

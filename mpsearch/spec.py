@@ -7,7 +7,8 @@ Parsed once, strictly, at the edge: an unknown key is an error with the file, th
     profile: x86_ort
     data: {source: ../mpsearch/demo/demo_data.npz, calibration: 128, held_out: 0.5, seed: 0}
     metric: accuracy
-    objectives: [metric, size]
+    objectives: [metric, size]   # default: metric, size and latency where this host
+                                 # times the profile's target, else metric, size
     constraints: {max_metric_drop: 0.05}
     budget: {trials: 60, patience: 20}   # patience: stop when 20 trials in a row do not
                                          # move the front (0: run every trial)
@@ -146,7 +147,9 @@ class SearchSpec:
     held_out: float = 0.5
     data_seed: int = 0
     metric: str | None = None
-    objectives: tuple[str, ...] = ("metric", "size")
+    #: Empty: ``metric, size`` and, where this host times the profile's target
+    #: (:func:`mpsearch.profiles.measures_latency`), ``latency`` (:func:`default_objectives`).
+    objectives: tuple[str, ...] = ()
     min_metric: float | None = None
     max_metric_drop: float | None = None
     max_size_bytes: int | None = None
@@ -235,6 +238,8 @@ class SearchSpec:
                          "gptq": self.gptq, "smoothquant": self.smoothquant,
                          "smoothquant_alpha": self.smoothquant_alpha},
         }
+        if not self.objectives:  # the default, decided by the profile when the search starts
+            del tree["objectives"]
         return yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
 
     def with_overrides(self, **changes: Any) -> SearchSpec:
@@ -310,9 +315,8 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     profile = root.get_str("profile")
     if profile.endswith((".yaml", ".yml")):
         profile = str((base / profile).resolve())
-    objectives = root.get_str_list("objectives", ("metric", "size"), choices=OBJECTIVES,
-                                   non_empty=True)
-    if "metric" not in objectives or len(objectives) < 2:
+    objectives = root.get_str_list("objectives", (), choices=OBJECTIVES, non_empty=True)
+    if objectives and ("metric" not in objectives or len(objectives) < 2):
         root.fail("objectives", "objectives must include 'metric' and at least one of "
                   "'size', 'latency'")
     held_out = data.get_float("held_out", 0.5, minimum=0.0)

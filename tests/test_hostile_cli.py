@@ -361,7 +361,7 @@ def test_resume_with_a_torn_or_junk_journal_line_exits_2(line: bytes, finished_r
 @pytest.mark.parametrize(("change", "message"), [
     (lambda e: e.update(metrics={"accuracy": "high"}), "has 'metrics' that are not numbers"),
     (lambda e: e.update(primary=7), "has no 'primary' metric name"),
-    (lambda e: e.update(runs="fast"), "has 'runs' that are not numbers"),
+    (lambda e: e.update(samples="many"), "has a 'samples' that is not a number"),
 ])
 def test_resume_with_wrong_typed_measurements_exits_2(
         change: Callable[[dict[str, object]], None], message: str, finished_run: Path,
