@@ -12,7 +12,10 @@ The rule (docs/results.md, "The recommendation"):
    ``max_metric_drop``): the candidates whose whole 95 % interval meets it; if none, those whose
    held-out metric meets it; if none still, no recommendation. Without one: the candidates
    whose interval reaches the best candidate's metric (not measurably worse than it).
-3. Of those, the smallest (sizes within 0.1 % tie); among ties the faster, then the better
+3. Where latency is measured, drop the points measurably slower than FP32 (their fastest run
+   slower than FP32's slowest) at batch 1 and at the spec's batch alike, unless that leaves
+   none: a point slower than the model it replaces at every batch is no deployment answer.
+4. Of those, the smallest (sizes within 0.1 % tie); among ties the faster, then the better
    metric.
 """
 
@@ -60,7 +63,7 @@ def recommend(front: Front, limits: Limits) -> tuple[int | None, str]:
         why = (f"no shown point meets the constraints ({_constraints(front, limits, floor)})"
                if candidates else "no point is shown")
         return None, f"no recommendation: {why}; stopped: {limits.stop}"
-    point = _pick(chosen, sign)
+    point = _pick([p for p in chosen if not _slower(p, front)] or chosen, sign)
     return point.index, recommendation_line(front, point, limits.stop)
 
 
@@ -96,6 +99,15 @@ def _pick(points: Sequence[FrontPoint], sign: float) -> FrontPoint:
     smallest = min(p.size for p in points)
     tied = [p for p in points if p.size <= smallest * (1 + SIZE_TIE)]
     return min(tied, key=lambda p: (_speed(p), -sign * p.metric, p.size, p.index))
+
+
+def _slower(point: FrontPoint, front: Front) -> bool:
+    """Whether ``point`` is measurably slower than FP32 at every batch both were timed at."""
+    fp32 = front.fp32
+    pairs = [(point.latency_ms_interval, fp32.latency_ms_interval),
+             (point.batch_latency_ms_interval, fp32.batch_latency_ms_interval)]
+    timed = [(mine, theirs) for mine, theirs in pairs if mine is not None and theirs is not None]
+    return bool(timed) and all(mine[0] > theirs[1] for mine, theirs in timed)
 
 
 def _speed(point: FrontPoint) -> float:
