@@ -34,9 +34,9 @@ from mpsearch.assignment import make_assignment, model_size, uniform_assignment 
 from mpsearch.data import Dataset, load_data  # noqa: E402
 from mpsearch.pareto import dominates, hypervolume, nondominated  # noqa: E402
 from mpsearch.pipeline import Prepared, prepare_inputs  # noqa: E402
+from mpsearch.search import SearchSettings  # noqa: E402
 from mpsearch.search._seeds import group_nodes  # noqa: E402
 from mpsearch.search._study import _Objective, run_search  # noqa: E402
-from mpsearch.spec import SearchSpec  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 Point = tuple[float, float]  # (metric, size bytes)
@@ -58,13 +58,11 @@ class Run:
     timing: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-def _spec(prepared: Prepared, trials: int, sampler: str, seed: int, seeding: bool,
-          storage: Path) -> SearchSpec:
-    return SearchSpec(model="-", profile=prepared.profile.name, data="-", trials=trials,
-                      sampler=sampler, seed=seed, seeding=seeding, analysis=False,
-                      explore=0.5 if seeding else 0.0,
-                      storage=str(storage), study=f"{sampler}-{seed}-{seeding}",
-                      objectives=("metric", "size"))
+def _settings(trials: int, sampler: str, seed: int, seeding: bool, storage: Path
+              ) -> SearchSettings:
+    return SearchSettings(trials=trials, sampler=sampler, seed=seed, seeding=seeding,
+                          explore=0.5 if seeding else 0.0, storage=str(storage),
+                          study=f"{sampler}-{seed}-{seeding}", objectives=("metric", "size"))
 
 
 def _measurer(prepared: Prepared) -> Measurer:
@@ -77,17 +75,19 @@ def run_optuna(prepared: Prepared, method: str, budget: int, seed: int, tmp: Pat
                         "tpe": ("tpe", False), "nsga2": ("nsga2", False)}[method]
     storage = tmp / f"{method}{seed}.log"
     start = time.perf_counter()
-    spec = _spec(prepared, budget, sampler, seed, seeding, storage)
+    settings = _settings(budget, sampler, seed, seeding, storage)
     measurer, summary = _measurer(prepared), prepared.summary
     if not seeding:
-        result = run_search(measurer, summary, spec, run_dir=tmp)
+        result = run_search(measurer, summary, settings, journal=tmp / "study.journal")
         evaluations, timing = result.evaluations, dict(result.timing)
     else:  # the sensitivity measurements come out of the same budget: take them (and one
         # trial) first, then resume the study with the trials that are left
-        first = run_search(measurer, summary, dataclasses.replace(spec, trials=1), run_dir=tmp)
+        first = run_search(measurer, summary, dataclasses.replace(settings, trials=1),
+                           journal=tmp / "study.journal")
         left = budget - (first.evaluations - 1)
-        result = run_search(measurer, summary, dataclasses.replace(spec, trials=max(left, 1)),
-                            run_dir=tmp, resume=True)
+        result = run_search(measurer, summary,
+                            dataclasses.replace(settings, trials=max(left, 1)),
+                            journal=tmp / "study.journal", resume=True)
         evaluations = first.evaluations + result.evaluations
         timing = {k: first.timing.get(k, 0.0) + v for k, v in result.timing.items()}
     points = [(r.metric, float(r.size)) for r in result.trials if r.metric is not None]
@@ -99,9 +99,9 @@ def run_greedy(prepared: Prepared, budget: int) -> Run:
     sensitive group one format up at a time, evaluating every step (same budget)."""
     graph, profile = prepared.graph, prepared.profile
     groups = group_nodes(graph, profile)
-    spec = SearchSpec(model="-", profile=profile.name, data="-", trials=1)
     measurer = _measurer(prepared)
-    objective = _Objective(measurer, prepared.summary, spec, groups, None, None)
+    objective = _Objective(measurer, prepared.summary, SearchSettings(trials=1), groups, None,
+                           None)
     start = time.perf_counter()
     costs = objective.measure_costs(progress=None)
     level = {g.name: 0 for g in groups}

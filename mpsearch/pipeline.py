@@ -69,6 +69,7 @@ from mpsearch.runtime import create_session, ort_version
 from mpsearch.search import (
     MEASURE_ABOVE,
     SearchResult,
+    SearchSettings,
     check_resume,
     group_nodes,
     run_search,
@@ -336,7 +337,8 @@ def search_run(
     prepared = prepare(spec, run, progress=progress)
     search_data, held_data = _splits(prepared, spec)
     inputs = _search_inputs(prepared, spec, search_data)
-    check_resume(spec, run.path, inputs, resume)  # before anything of the run dir is rewritten
+    settings = SearchSettings.of(spec)
+    check_resume(settings, run.journal, inputs, resume)  # before the run dir is rewritten
     check_measurements(run.measurements)
     verifier = _verifier(spec, prepared, run.path, held_data)
     _write_inputs(run, spec, prepared, "search")
@@ -349,7 +351,8 @@ def search_run(
                                curve_max_steps=REPORT_VIEW_NODES,
                                measure_above=MEASURE_ABOVE, progress=progress)
             write_analysis(run, analysis, model_size(prepared.graph, prepared.profile, {}))
-        result = run_search(measurer, prepared.summary, spec, run_dir=run.path, resume=resume,
+        result = run_search(measurer, prepared.summary, settings, journal=run.journal,
+                            resume=resume,
                             inputs=inputs, progress=progress,
                             refusal=verifier.refusal if verifier is not None
                             and spec.verify == "toolchain" else None)

@@ -340,6 +340,7 @@ def test_sqnr_racing_slack_is_calibrated_on_the_model_s_completed_trials() -> No
     they showed (at least 0.5 dB), each rise the difference of two real measurements."""
     from mpsearch.analysis import Measurer
     from mpsearch.pipeline import prepare
+    from mpsearch.search import SearchSettings
     from mpsearch.search._study import _Objective
 
     spec = _spec(metric="agreement", chunks=4)
@@ -347,7 +348,8 @@ def test_sqnr_racing_slack_is_calibrated_on_the_model_s_completed_trials() -> No
     search_split = prepared.validation.take(128)
     measurer = Measurer(prepared.quantizer(), search_split, metric="agreement")
     groups = group_nodes(prepared.graph, prepared.profile)
-    objective = _Objective(measurer, prepared.summary, spec, groups, None, None)
+    objective = _Objective(measurer, prepared.summary, SearchSettings.of(spec), groups, None,
+                           None)
     assert objective.by_sqnr
     assert objective.sqnr_slack(32) == 3.0 and objective.sqnr_slack(64) == 3.0 * math.sqrt(0.5)
     rng = np.random.default_rng(0)

@@ -357,12 +357,12 @@ def test_search_score_setting(setting: str, metric: str, expected: bool) -> None
     agreement with FP32; the other two say which."""
     from types import SimpleNamespace
 
+    from mpsearch.search import SearchSettings
     from mpsearch.search._study import search_by_sqnr
-    from mpsearch.spec import SearchSpec
 
-    spec = SearchSpec(model="m.onnx", profile="x86_ort", data="d.npz", search_score=setting)
+    settings = SearchSettings(search_score=setting)
     measurer = SimpleNamespace(fp32=lambda: SimpleNamespace(primary=metric))
-    assert search_by_sqnr(spec, measurer) is expected  # type: ignore[arg-type]
+    assert search_by_sqnr(settings, measurer) is expected  # type: ignore[arg-type]
 
 
 def test_sizes_a_few_bytes_apart_tie_on_the_front() -> None:

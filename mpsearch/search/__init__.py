@@ -14,6 +14,7 @@ from mpsearch.search._seeds import (
     neighbor,
     seed_assignments,
 )
+from mpsearch.search._settings import SearchSettings
 from mpsearch.search._storage import (
     SAMPLERS,
     check_inputs,
@@ -34,6 +35,7 @@ __all__ = [
     "MEASURE_ABOVE",
     "SAMPLERS",
     "SearchResult",
+    "SearchSettings",
     "Seed",
     "TrialRecord",
     "check_inputs",

@@ -23,8 +23,7 @@ from optuna.storages.journal import JournalFileBackend
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from mpsearch.errors import SearchError
-from mpsearch.rundir import RunDir
-from mpsearch.spec import SearchSpec
+from mpsearch.search._settings import SearchSettings
 
 __all__ = ["SAMPLERS", "check_inputs", "check_resume", "make_sampler", "open_study",
            "settle_dead_trials", "study_progress"]
@@ -154,13 +153,13 @@ def _rdb(url: str, heartbeat: float) -> RDBStorage:
                               max_retry=_RETRIES, inherit_intermediate_values=True))
 
 
-def _storage(url: str | None, run_dir: Path, heartbeat: float = 60.0
+def _storage(url: str | None, journal: Path, heartbeat: float = 60.0
              ) -> optuna.storages.BaseStorage:
     if url is None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        return _journal(RunDir(run_dir).journal)
+        journal.parent.mkdir(parents=True, exist_ok=True)
+        return _journal(journal)
     if "://" not in url:  # a journal file path
-        return _journal(_journal_path(url, run_dir))
+        return _journal(_journal_path(url, journal.parent))
     if url.startswith(("postgresql://", "postgres://")):  # the driver mpsearch[postgres] installs
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
     race: Exception | None = None
@@ -186,7 +185,7 @@ def _storage(url: str | None, run_dir: Path, heartbeat: float = 60.0
 
 
 def open_study(
-    spec: SearchSpec, run_dir: Path, *, directions: Sequence[str], resume: bool,
+    settings: SearchSettings, journal: Path, *, directions: Sequence[str], resume: bool,
     inputs: Mapping[str, str] | None = None,
 ) -> optuna.Study:
     """Create the study, or load it for ``--resume`` / a shared storage.
@@ -195,44 +194,45 @@ def open_study(
     stored with a new study; an existing study made from other inputs is refused, naming what
     changed, so a resumed or shared search never mixes results.
     """
-    check_resume(spec, run_dir, inputs, resume)
-    sampler = make_sampler(spec.sampler, spec.seed, spec.trials)
-    study = optuna.create_study(study_name=spec.study or "mpsearch",
-                                storage=_storage(spec.storage, run_dir, spec.heartbeat_s),
+    check_resume(settings, journal, inputs, resume)
+    sampler = make_sampler(settings.sampler, settings.seed, settings.trials)
+    study = optuna.create_study(study_name=settings.study or "mpsearch",
+                                storage=_storage(settings.storage, journal, settings.heartbeat_s),
                                 sampler=sampler,
                                 directions=[optuna.study.StudyDirection[d.upper()]
                                             for d in directions], load_if_exists=True)
     if inputs is not None and "inputs" not in study.user_attrs:
         study.set_user_attr("inputs", dict(inputs))
-    if spec.storage is None:
+    if settings.storage is None:
         _retry_interrupted(study)
     return study
 
 
-def _existing(spec: SearchSpec, run_dir: Path) -> optuna.Study | None:
+def _existing(settings: SearchSettings, journal: Path) -> optuna.Study | None:
     """The spec's study when it exists already (in the run directory or a shared storage)."""
-    if spec.storage is None and not RunDir(run_dir).journal.is_file():
+    if settings.storage is None and not journal.is_file():
         return None
-    if spec.storage is not None and "://" not in spec.storage and not (
-            Path(spec.storage).expanduser().exists()):
-        _journal_path(spec.storage, run_dir)  # its folder exists; the file is made later
+    if settings.storage is not None and "://" not in settings.storage and not (
+            Path(settings.storage).expanduser().exists()):
+        _journal_path(settings.storage, journal.parent)  # its folder exists; made later
         return None
     try:
-        return optuna.load_study(study_name=spec.study or "mpsearch",
-                                 storage=_storage(spec.storage, run_dir, spec.heartbeat_s))
+        return optuna.load_study(study_name=settings.study or "mpsearch",
+                                 storage=_storage(settings.storage, journal, settings.heartbeat_s))
     except KeyError:  # no such study (yet: another worker may be creating it)
         return None
 
 
-def check_resume(spec: SearchSpec, run_dir: Path, inputs: Mapping[str, str] | None,
+def check_resume(settings: SearchSettings, journal: Path, inputs: Mapping[str, str] | None,
                  resume: bool) -> None:
     """A run directory that holds a study needs ``resume``, and a study (resumed or shared)
     must have been made from the same ``inputs`` (when given). The composer calls it before
     it writes anything; :func:`open_study` again, for callers of the search alone."""
-    study = _existing(spec, run_dir)
+    run_dir = journal.parent
+    study = _existing(settings, journal)
     if study is None:
         return
-    if not resume and spec.storage is None:
+    if not resume and settings.storage is None:
         raise SearchError(f"{run_dir}: a search already ran here; pass --resume to continue it "
                           "or choose another --out directory")
     stored = study.user_attrs.get("inputs")

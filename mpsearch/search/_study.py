@@ -2,7 +2,7 @@
 
 Consumes the run's :class:`~mpsearch.analysis.Measurer` (graph, profile, calibration table and
 the search split, with the measurements the analysis already made), the model summary and a
-:class:`~mpsearch.spec.SearchSpec`; produces the Pareto front of per-node format assignments
+:class:`~mpsearch.search.SearchSettings`; produces the Pareto front of per-node format assignments
 (metric up, size down, optionally latency down: timed in ONNX Runtime where this host runs the
 profile's target, else estimated) on the search split.
 
@@ -56,8 +56,8 @@ from mpsearch.search._seeds import (
     neighbor,
     seed_assignments,
 )
+from mpsearch.search._settings import SearchSettings
 from mpsearch.search._storage import open_study, settle_dead_trials
-from mpsearch.spec import SearchSpec
 from mpsearch.summary import ModelSummary
 
 __all__ = ["SearchResult", "TrialRecord", "race_stages", "run_search"]
@@ -96,7 +96,7 @@ class SearchResult:
 class _Objective:
     """Turns a trial into (metric, size[, latency]) with caching, repair and early pruning."""
 
-    def __init__(self, measurer: Measurer, summary: ModelSummary, spec: SearchSpec,
+    def __init__(self, measurer: Measurer, summary: ModelSummary, settings: SearchSettings,
                  groups: Sequence[Group], min_metric: float | None, max_size: int | None,
                  refusal: Callable[[Assignment], str | None] | None = None) -> None:
         self.measurer = measurer
@@ -106,7 +106,7 @@ class _Objective:
         self.graph = measurer.quantizer.graph
         self.profile = measurer.quantizer.profile
         self.summary = summary
-        self.spec = spec
+        self.settings = settings
         self.groups = groups
         self.noise: Mapping[tuple[str, str], float] = {}
         self.min_metric = min_metric
@@ -116,7 +116,7 @@ class _Objective:
         self.timing = {"build": 0.0, "session": 0.0, "inference": 0.0}
         self.evaluations = 0
         self.higher = measurer.higher_is_better  # the metric's direction
-        self.by_sqnr = search_by_sqnr(spec, measurer)
+        self.by_sqnr = search_by_sqnr(settings, measurer)
         self.score_higher = self.by_sqnr or self.higher  # the objective's direction
         #: Racing by SQNR, per stage (sample count): how much a completed trial's score rose
         #: from that stage to its final one (:meth:`sqnr_slack`).
@@ -129,7 +129,7 @@ class _Objective:
     def _group_cost(self, group: Group, fmt: str) -> float:
         """``group`` alone at ``fmt``, the rest float, on the sensitivity samples: relative
         output noise power plus the metric drop. A one-node group is the analysis's row."""
-        samples = self.spec.sensitivity_limit
+        samples = self.settings.sensitivity_limit
         before = self.measurer.evaluations
         result = self.measurer.measure(dict.fromkeys(group.nodes, fmt), samples=samples)
         self.evaluations += self.measurer.evaluations - before
@@ -158,7 +158,7 @@ class _Objective:
         """(metric, size[, latency]): latency timed in ONNX Runtime where this host runs the
         profile's target (batch 1, median seconds), else the profile's estimate."""
         out = [metric, float(model_size(self.graph, self.profile, assignment))]
-        if "latency" in self.spec.objectives:
+        if "latency" in self.settings.objectives:
             latency = (self.measurer.latency(assignment) if measures_latency(self.profile)
                        else estimate_latency(self.graph, self.summary, self.profile, assignment))
             out.append(float("nan") if latency is None else latency)
@@ -221,7 +221,7 @@ class _Objective:
         a trial that is clearly dominated after any stage is pruned there."""
         total = len(self.measurer.data)
         before = self.measurer.evaluations
-        for samples in race_stages(total, self.spec.chunks):
+        for samples in race_stages(total, self.settings.chunks):
             result = self.measurer.measure(assignment, samples=samples)
             if result.samples < total and self._hopeless(result, assignment):
                 self._account(result, before)
@@ -239,7 +239,7 @@ class _Objective:
         if not self.by_sqnr:
             return
         final = self.score(result)
-        for samples in race_stages(len(self.measurer.data), self.spec.chunks)[:-1]:
+        for samples in race_stages(len(self.measurer.data), self.settings.chunks)[:-1]:
             stage = self.measurer.cached(assignment, samples=samples)
             if stage is not None:
                 self.gains.setdefault(samples, []).append(final - self.score(stage))
@@ -319,11 +319,11 @@ def thin_front(front: Sequence[TrialRecord], limit: int) -> tuple[TrialRecord, .
     return tuple(front[i] for i in chosen)
 
 
-def search_by_sqnr(spec: SearchSpec, measurer: Measurer) -> bool:
+def search_by_sqnr(settings: SearchSettings, measurer: Measurer) -> bool:
     """Whether the search optimizes the output SQNR (spec ``evaluation.search_score``)."""
-    if spec.search_score == "auto":
+    if settings.search_score == "auto":
         return measurer.fp32().primary == "agreement"
-    return spec.search_score == "sqnr"
+    return settings.search_score == "sqnr"
 
 
 def race_stages(total: int, chunks: int) -> tuple[int, ...]:
@@ -360,55 +360,56 @@ def _costs(study: optuna.Study, objective: _Objective, progress: Reporter | None
 
 
 def run_search(
-    measurer: Measurer, summary: ModelSummary, spec: SearchSpec, *, run_dir: Path,
+    measurer: Measurer, summary: ModelSummary, settings: SearchSettings, *, journal: Path,
     resume: bool = False, inputs: Mapping[str, str] | None = None,
     progress: Reporter | None = None,
     refusal: Callable[[Assignment], str | None] | None = None,
 ) -> SearchResult:
-    """Run (or resume) the search until the study holds ``spec.trials`` finished trials;
+    """Run (or resume) the search until the study holds ``settings.trials`` finished trials,
+    in the run directory's ``journal`` unless ``settings.storage`` names another storage;
     ``refusal``: why the target would not take an assignment (None: it would), making that
     trial infeasible."""
     graph, profile = measurer.quantizer.graph, measurer.quantizer.profile
-    groups = group_nodes(graph, profile, spec.formats)
+    groups = group_nodes(graph, profile, settings.formats)
     if not groups:
         raise SearchError(f"{graph.name}: no node can take a quantized format under profile "
                           f"'{profile.name}'; nothing to search")
     higher = measurer.higher_is_better
     fp32 = measurer.fp32().value
-    min_metric = spec.min_metric
-    if spec.max_metric_drop is not None:  # a drop is a loss either way round
-        floor = fp32 - spec.max_metric_drop if higher else fp32 + spec.max_metric_drop
+    min_metric = settings.min_metric
+    if settings.max_metric_drop is not None:  # a drop is a loss either way round
+        floor = fp32 - settings.max_metric_drop if higher else fp32 + settings.max_metric_drop
         min_metric = floor if min_metric is None else (max if higher else min)(min_metric,
                                                                                floor)
-    max_size = spec.max_size_bytes
-    if spec.use_memory_budget and profile.memory_budget_bytes is not None:
+    max_size = settings.max_size_bytes
+    if settings.use_memory_budget and profile.memory_budget_bytes is not None:
         budget = profile.memory_budget_bytes
         max_size = budget if max_size is None else min(max_size, budget)
-    objective = _Objective(measurer, summary, spec, groups, min_metric, max_size, refusal)
+    objective = _Objective(measurer, summary, settings, groups, min_metric, max_size, refusal)
     directions = ["maximize" if objective.score_higher else "minimize", "minimize"]
-    if "latency" in spec.objectives:
+    if "latency" in settings.objectives:
         directions.append("minimize")
-    study = open_study(spec, run_dir, directions=directions, resume=resume, inputs=inputs)
+    study = open_study(settings, journal, directions=directions, resume=resume, inputs=inputs)
     _restore_cache(study, objective)
-    if spec.seeding:
+    if settings.seeding:
         objective.noise = _costs(study, objective, progress)
         _enqueue(study, seed_assignments(graph, profile, groups, objective.noise), groups)
     start = time.perf_counter()
     done = _finished(study)
-    remaining = max(spec.trials - done, 0)
-    if spec.patience is not None and _unmoved_trials(study) >= spec.patience:
+    remaining = max(settings.trials - done, 0)
+    if settings.patience is not None and _unmoved_trials(study) >= settings.patience:
         remaining = 0  # a resumed search that had already stopped
     if remaining:
         callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = [
-            optuna.study.MaxTrialsCallback(spec.trials, states=_FINISHED)]  # shared storages
-        if spec.explore > 0:
-            callbacks.append(_explore_callback(objective, spec))
-        if spec.patience is not None:
-            callbacks.append(_patience_callback(spec.patience, objective.front_margin(),
+            optuna.study.MaxTrialsCallback(settings.trials, states=_FINISHED)]  # shared storages
+        if settings.explore > 0:
+            callbacks.append(_explore_callback(objective, settings))
+        if settings.patience is not None:
+            callbacks.append(_patience_callback(settings.patience, objective.front_margin(),
                                                 objective.score_higher))
         if progress is not None:
-            callbacks.append(_progress_callback(spec.trials, objective, progress))
-        study.optimize(objective, n_trials=remaining, timeout=spec.timeout_s,
+            callbacks.append(_progress_callback(settings.trials, objective, progress))
+        study.optimize(objective, n_trials=remaining, timeout=settings.timeout_s,
                        gc_after_trial=False, callbacks=callbacks, catch=())
         retries = settle_dead_trials(study)  # a dead worker's trial, failed and queued again
         if retries:
@@ -416,9 +417,10 @@ def run_search(
     records = _records(study)
     stopped = None
     unmoved = _unmoved_trials(study)
-    if spec.patience is not None and _finished(study) < spec.trials and unmoved >= spec.patience:
+    patience = settings.patience
+    if patience is not None and _finished(study) < settings.trials and unmoved >= patience:
         stopped = (f"the front did not change in the last {unmoved} trials: stopped after "
-                   f"{_finished(study)} trials (budget.patience {spec.patience}; 0 runs every "
+                   f"{_finished(study)} trials (budget.patience {patience}; 0 runs every "
                    "trial)")
         logger.info("search: %s", stopped)
     front = _front(records, min_metric, higher, objective.score_higher)
@@ -432,7 +434,7 @@ def run_search(
 
 
 def _explore_callback(
-    objective: _Objective, spec: SearchSpec
+    objective: _Objective, settings: SearchSettings
 ) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     """After a trial, with probability ``spec.explore``, queue an unseen neighbour of a random
     front point, guided by the sensitivities: every cheap group a format down
@@ -440,13 +442,13 @@ def _explore_callback(
     at its largest, else one group a format up or down (:func:`neighbor`). A local search
     around the front that the sampler alone reaches slowly: large points shed the promotions
     they do not need, small ones take single steps."""
-    rng = np.random.default_rng(spec.seed)
+    rng = np.random.default_rng(settings.seed)
     groups = objective.groups
 
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
         front = _best_trials(study)
-        if waiting or not front or rng.random() >= spec.explore:
+        if waiting or not front or rng.random() >= settings.explore:
             return
         sizes = [t.values[1] for t in front]
         span = max(sizes) - min(sizes)
