@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 MAX_OPSET = 19  # RKNN-Toolkit2 2.5.0 loads ONNX opset <= 19
 _MAX_IR = 10    # onnx 1.18 reads IR <= 11; our onnx may write newer
 _WORKER = Path(__file__).with_name("_rknn_worker.py")
-_SETTINGS = frozenset({"target_platform", "timeout_s"})
+_SETTINGS = frozenset({"target_platform", "timeout_s", "quantized_dtype"})
 _PRECISION = {"INT8": "int8", "UINT8": "uint8", "INT16": "int16", "FLOAT16": "fp16",
               "FLOAT": "fp32", "FLOAT32": "fp32", "INT32": "int32", "INT4": "int4"}
 _UNPLACED = frozenset({"QuantizeLinear", "DequantizeLinear", "Constant", "Identity"})
@@ -283,9 +283,28 @@ def _static_shapes(model: onnx.ModelProto,
     return shapes
 
 
+def _write_dataset(workdir: Path, names: list[str],
+                   calibration: Sequence[Mapping[str, np.ndarray]]) -> str:
+    """The toolkit's dataset file: one line a sample, its inputs' ``.npy`` files in order."""
+    folder = workdir / "dataset"
+    folder.mkdir(exist_ok=True)
+    lines = []
+    for i, sample in enumerate(calibration):
+        files = []
+        for k, name in enumerate(names):
+            path = folder / f"{i}_{k}.npy"
+            np.save(path, np.asarray(sample[name]))
+            files.append(str(path))
+        lines.append(" ".join(files))
+    (workdir / "dataset.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(workdir / "dataset.txt")
+
+
 class RknnToolchain:
     """RKNN-Toolkit2 2.5.0 in its own environment; ``settings``: ``target_platform``
-    (default ``rk3588``), ``timeout_s`` (per worker call, default 1800)."""
+    (default ``rk3588``), ``timeout_s`` (per worker call, default 1800) and
+    ``quantized_dtype`` (``w8a8``, ``w8a16``, ...): when given, the toolkit quantizes a float
+    model itself from the calibration samples instead of reading QDQ scales."""
 
     name = "rknn"
 
@@ -343,11 +362,15 @@ class RknnToolchain:
         workdir.mkdir(parents=True, exist_ok=True)
         shapes = _static_shapes(model, calibration)
         onnx.save(_for_toolkit(plain_float(model)), str(workdir / "model.onnx"))
-        request: dict[str, Any] = {"command": "compile", "model": str(workdir / "model.onnx"),
-                   "inputs": list(shapes), "shapes": list(shapes.values()),
-                   "target_platform": str(settings.get("target_platform", "rk3588")),
-                   "artifact": str(workdir / "model.rknn"),
-                   "timeout_s": float(settings.get("timeout_s", 1800))}
+        request: dict[str, Any] = {
+            "command": "compile", "model": str(workdir / "model.onnx"), "inputs": list(shapes),
+            "shapes": list(shapes.values()),
+            "target_platform": str(settings.get("target_platform", "rk3588")),
+            "artifact": str(workdir / "model.rknn"),
+            "timeout_s": float(settings.get("timeout_s", 1800))}
+        if settings.get("quantized_dtype"):
+            request["quantized_dtype"] = str(settings["quantized_dtype"])
+            request["dataset"] = _write_dataset(workdir, list(shapes), calibration)
         result, log = self._call(request, workdir, request["timeout_s"])
         layers = parse_layers(log)
         if not layers:

@@ -5,7 +5,8 @@ writes the result JSON named in it; arrays travel as NPZ files, never pickle. Th
 verbose log goes to this process's stdout, which the caller keeps and parses.
 
 * ``compile``: load the ONNX model with static input shapes, build for ``target_platform``
-  (``do_quantization`` false: a QDQ model carries its own scales, float layers become FP16)
+  (``do_quantization`` false: a QDQ model carries its own scales, float layers become FP16;
+  with a ``dataset`` the toolkit quantizes a float model itself, as ``quantized_dtype`` says)
   and export the ``.rknn`` file.
 * ``run``: the same load and build, then the simulator (``init_runtime()`` with no target),
   one inference per sample along axis 0 of the inputs NPZ; outputs concatenated to an NPZ.
@@ -42,10 +43,13 @@ def _built(request: dict[str, Any], result: dict[str, Any]) -> Any:
 
     rknn = RKNN(verbose=True)
     steps: tuple[tuple[str, Callable[[], Any]], ...] = (
-        ("config", lambda: rknn.config(target_platform=request["target_platform"])),
+        ("config", lambda: rknn.config(target_platform=request["target_platform"],
+                                       **({"quantized_dtype": request["quantized_dtype"]}
+                                          if request.get("quantized_dtype") else {}))),
         ("load_onnx", lambda: rknn.load_onnx(model=request["model"], inputs=request["inputs"],
                                              input_size_list=request["shapes"])),
-        ("build", lambda: rknn.build(do_quantization=False)),
+        ("build", lambda: rknn.build(do_quantization=bool(request.get("dataset")),
+                                     dataset=request.get("dataset"))),
     )
     for stage, step in steps:
         result["stage"] = stage
@@ -108,7 +112,9 @@ def main(argv: list[str]) -> int:
         {"compile": _compile, "run": _run}[request["command"]](request, result)
     except Exception as e:  # the toolkit raises bare exceptions: report them as data
         lines = str(e).strip().splitlines() or [""]
-        result["error"] = f"{type(e).__name__}: {lines[-1].strip()}"
+        said = lines[-1].strip()
+        kind = type(e).__name__
+        result["error"] = said if said.startswith(kind) else f"{kind}: {said}"
         result["traceback"] = traceback.format_exc()
     _write(request["result"], result)
     return 0
