@@ -22,7 +22,7 @@ from mpsearch import make_assignment, uniform_assignment
 from mpsearch.demo import DEMO_DATA, DEMO_MODEL
 from mpsearch.pipeline import Prepared, prepare_inputs
 from mpsearch.targets import Compiled, RknnToolchain, TargetError
-from mpsearch.targets._rknn import parse_layers, plain_float
+from mpsearch.targets._rknn_table import parse_layers, plain_float
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TOOLCHAIN = RknnToolchain()

@@ -6,7 +6,8 @@ torch, so it cannot share mpsearch's environment; mpsearch drives it through a s
 ``$MPSEARCH_RKNN_VENV`` (default ``~/.cache/mpsearch/rknn-venv``) with a Python 3.11
 interpreter (``$MPSEARCH_RKNN_PYTHON``, default ``python3.11``: the toolkit ships wheels for
 CPython 3.6-3.12), installs the pins below, checks that the toolkit imports, and only then
-moves the finished environment into place.
+moves the finished environment into place. A finished environment with the same pins is kept
+(``--force`` rebuilds it).
 """
 
 from __future__ import annotations
@@ -107,7 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--venv", type=Path, default=None, help=f"default: ${VENV_ENV} or "
                         "~/.cache/mpsearch/rknn-venv")
     parser.add_argument("--python", default=None, help=f"default: ${PYTHON_ENV} or python3.11")
+    parser.add_argument("--force", action="store_true",
+                        help="rebuild even when a finished environment with these pins exists")
     args = parser.parse_args(argv)
+    if not args.force and ready(args.venv):
+        print(f"RKNN-Toolkit2 environment already there: {args.venv or venv_dir()} "
+              "(--force rebuilds it)")
+        return 0
     try:
         path = install(args.venv, args.python)
     except (OSError, subprocess.CalledProcessError) as e:
