@@ -215,3 +215,23 @@ def test_a_toolkit_crash_is_a_target_error(tmp_path: Path) -> None:
     prepared = _prepared(FIXTURES / "transformer.onnx", FIXTURES / "digits_eval.npz")
     with pytest.raises(TargetError, match="crashed"):
         _compile(prepared, _qdq(prepared), tmp_path)
+
+
+@needs_rknn
+def test_rk3588_formats_the_toolkit_accepts(tmp_path: Path) -> None:
+    """What hw_profiles/rk3588.yaml is checked against: the toolkit's own quantizer on the FP32
+    demo builds w8a8 (INT8) and w16a16i_dfp (INT16) for rk3588 and refuses w8a16."""
+    model = onnx.load(str(DEMO_MODEL))
+    samples = [{"input": x[None]} for x in np.load(DEMO_DATA)["input"][:16]]
+    found = {}
+    for dtype in ("w8a8", "w16a16i_dfp"):
+        compiled = TOOLCHAIN.compile(model, tmp_path / dtype, calibration=samples,
+                                     settings={"quantized_dtype": dtype})
+        convs = [p for p in compiled.placements if p.node.endswith("Conv")]
+        found[dtype] = {p.precision for p in convs}
+        for p in convs:
+            assert f" {p.precision.replace('int', 'INT')} " in _row(compiled.log, p.node)
+    assert found == {"w8a8": {"int8"}, "w16a16i_dfp": {"int16"}}
+    with pytest.raises(TargetError, match="w8a16' not support in 'rk3588'"):
+        TOOLCHAIN.compile(model, tmp_path / "w8a16", calibration=samples,
+                          settings={"quantized_dtype": "w8a16"})
