@@ -71,6 +71,10 @@ def _static_shapes(model: onnx.ModelProto,
             raise TargetError(f"RKNN compile: the calibration sample has no input "
                               f"{graph_input.name!r} (it has {sorted(sample)})")
         shapes[graph_input.name] = [int(d) for d in np.shape(sample[graph_input.name])]
+        dims = graph_input.type.tensor_type.shape.dim
+        if any(not d.HasField("dim_value") for d in dims):
+            logger.info("rknn: input %s fixed to shape %s (the toolkit needs static shapes)",
+                        graph_input.name, shapes[graph_input.name])
     return shapes
 
 
@@ -162,6 +166,7 @@ class RknnToolchain:
         if settings.get("quantized_dtype"):
             request["quantized_dtype"] = str(settings["quantized_dtype"])
             request["dataset"] = _write_dataset(workdir, list(shapes), calibration)
+        Path(request["artifact"]).unlink(missing_ok=True)  # never hand back an older build
         result, log = self._call(request, workdir, request["timeout_s"])
         layers = parse_layers(log)
         if not layers:

@@ -168,7 +168,8 @@ def place(model: onnx.ModelProto, layers: Sequence[Layer], log: str = "") -> tup
             found[node.name] = (by_name[node.name], "")
             continue
         for out in node.output:
-            hit = next((la for la in real if out and la.name.startswith(out)), None)
+            hit = next((la for la in real if out and la.name.startswith(out)
+                        and la.name[len(out):len(out) + 1] in ("", "_", "-", "#")), None)
             if hit is not None:
                 found[node.name] = (hit, f"rewritten by the toolkit as layer {hit.name}")
                 break
@@ -179,7 +180,6 @@ def place(model: onnx.ModelProto, layers: Sequence[Layer], log: str = "") -> tup
             consumers.setdefault(name, []).append(n)
 
     def nearest(node: onnx.NodeProto) -> tuple[Layer, str] | None:
-        seen, frontier = {node.name}, [node]
         for walk in ("up", "down"):
             seen, frontier = {node.name}, [node]
             while frontier:
