@@ -113,7 +113,9 @@ def test_plain_float_drops_the_float16_emulation_only(demo: Prepared) -> None:
     x = _inputs(demo)
     a = ort.InferenceSession(model.SerializeToString()).run(None, x)[0]
     b = ort.InferenceSession(plain.SerializeToString()).run(None, x)[0]
-    np.testing.assert_allclose(b, a, atol=0.05 * float(np.abs(a).max()))
+    # only the float16 rounding of activations goes: two float16 ulps (10-bit mantissa) at
+    # the scale of the largest output
+    np.testing.assert_allclose(b, a, rtol=0, atol=2 * 2.0**-10 * float(np.abs(a).max()))
 
 
 @needs_rknn
