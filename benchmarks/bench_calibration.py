@@ -4,7 +4,7 @@ For N in --samples (default 128 and 512) it measures, each job in a fresh subpro
 (``ru_maxrss``) is the job's own:
 
 * ``fp32``: a plain FP32 inference pass over the N samples (ORT, all graph optimizations);
-* ``mpsearch``: :func:`mpsearch.calibrate.calibrate` (the one streaming pass) and then the
+* ``mpsearch``: :func:`mpsearch.calibration.calibrate` (the one streaming pass) and then the
   ranges of every tensor for each method (minmax, percentile, entropy, mse);
 * ``cli``: ``mpsearch calibrate MODEL --data DATA --out DIR`` with default flags (the batch
   chosen from the activation memory budget), as a user runs it: its wall time includes the

@@ -1,7 +1,7 @@
 """A whole ``mpsearch search`` on real models, in FP32 passes: what a new user waits for.
 
     python benchmarks/bench_pipeline.py [--models mobilenetv2_imagenet efficientnet_lite0]
-                                        [--trials 100] [--samples 512] [--write]
+                                        [--trials 100] [--samples 512] [--no-write]
 
 For each model: the default spec (calibration 256 samples, held-out half of the rest, the
 profile for this CPU, 100 trials, analysis for the report on) runs through
@@ -283,7 +283,8 @@ def main() -> None:
     parser.add_argument("--recovery", nargs="*", choices=sorted(RECOVERIES), default=None,
                         help="also run each search with these recovery settings (bare: "
                              "cle+bc)")
-    parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
+    parser.add_argument("--no-write", action="store_true",
+                        help="print only; do not write benchmarks/results/bench_pipeline.md")
     args = parser.parse_args()
     models = load_sibling("real_models")
     if models is None:
@@ -310,8 +311,8 @@ def main() -> None:
             for recovery in ([] if args.recovery is None else args.recovery or ["cle+bc"]):
                 rows.append(bench(name, spec, samples, recovery=recovery))
     command = "python benchmarks/bench_pipeline.py " + " ".join(sys.argv[1:])
-    publish("## Whole search", table(rows, command.strip()) + "\n" + "\n".join(notes) + "\n",
-            args.write)
+    publish("bench_pipeline", "## Whole search\n\n" + table(rows, command.strip()) + "\n"
+            + "\n".join(notes) + "\n", write=not args.no_write, command=command.strip())
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ Run from the repository root (about 10 minutes on 2 cores)::
     .venv/bin/python benchmarks/bench_quantize.py
 
 ``--models resnet18,mobilenetv2_imagenet`` runs a subset; ``--no-write`` skips updating the
-``## Quantize`` section of ``benchmarks/RESULTS.md``; ``--profile`` prints a cProfile summary
+``benchmarks/results/bench_quantize.md``; ``--profile`` prints a cProfile summary
 of our warm per-configuration builds of the first model.
 """
 
@@ -516,7 +516,8 @@ def section(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", help="comma-separated subset (names as printed)")
-    parser.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
+    parser.add_argument("--no-write", action="store_true",
+                        help="print only; do not write benchmarks/results/bench_quantize.md")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile our warm per-config builds of the first model")
     args = parser.parse_args()
@@ -538,7 +539,7 @@ def main() -> None:
             LOG.info("%s done in %.0f s", case.name, time.perf_counter() - start)
     seconds = time.perf_counter() - begin
     text = section(rows, command, seconds, start_load)
-    publish(SECTION, text, write=not args.no_write)
+    publish("bench_quantize", text, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ Run from the repository root (a few minutes on 2 cores)::
 
 ``--models mobilenetv2_imagenet`` runs one model (``--models ''`` none); ``--transformers``
 names the corpus models of the SmoothQuant table (``''``: none); ``--no-write`` skips updating
-the ``## Recovery`` and ``## Recovery: SmoothQuant`` sections of ``benchmarks/RESULTS.md``.
+``benchmarks/results/bench_recovery.md`` and ``bench_recovery_smoothquant.md``.
 """
 
 from __future__ import annotations
@@ -321,7 +321,8 @@ def main() -> None:
     parser.add_argument("--models", default="mobilenetv2_imagenet,efficientnet_lite0")
     parser.add_argument("--transformers", default="ppocr_rec",
                         help="corpus models of the SmoothQuant table ('': none)")
-    parser.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
+    parser.add_argument("--no-write", action="store_true",
+                        help="print only; do not write benchmarks/results/")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     LOG.setLevel(logging.INFO)
@@ -337,15 +338,15 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="bench_recovery.") as tmp:
             for name in models:
                 rows.extend(run_model(name, paths[name], paths["photos"], Path(tmp)))
-        publish(SECTION, section(rows, command, time.perf_counter() - begin, resolved),
+        publish("bench_recovery", section(rows, command, time.perf_counter() - begin, resolved),
                 write=not args.no_write)
     transformers = [m for m in args.transformers.split(",") if m]
     if transformers:
         begin, rows = time.perf_counter(), []
         for key in transformers:
             rows.extend(run_smoothquant(key))
-        publish(SQ_SECTION, sq_section(rows, command, time.perf_counter() - begin, resolved),
-                write=not args.no_write)
+        text = sq_section(rows, command, time.perf_counter() - begin, resolved)
+        publish("bench_recovery_smoothquant", text, write=not args.no_write)
 
 
 if __name__ == "__main__":

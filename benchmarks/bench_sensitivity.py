@@ -21,7 +21,7 @@ root::
 
 ``--models sensitive,mobilenetv2_imagenet`` runs a subset; ``--limit-real N`` sets the
 validation samples per evaluation of the real models (default 64; the fixtures use all 225);
-``--no-write`` skips updating the ``## Sensitivity`` section of ``benchmarks/RESULTS.md``.
+``--no-write`` only prints (no ``benchmarks/results/bench_sensitivity.md``).
 """
 
 from __future__ import annotations
@@ -157,7 +157,8 @@ def main() -> None:
     parser.add_argument("--limit-real", type=int, default=64,
                         help="validation samples per evaluation of the real models")
     parser.add_argument("--out", default=str(ROOT / "runs" / "bench_sensitivity"))
-    parser.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
+    parser.add_argument("--no-write", action="store_true",
+                        help="print only; do not write benchmarks/results/bench_sensitivity.md")
     parser.add_argument("--resume", action="store_true",
                         help="reuse the run directories' caches (default: a cold run)")
     args = parser.parse_args()
@@ -186,7 +187,7 @@ def main() -> None:
         f"profile {PROFILE}, MinMax; passes = evaluation passes of the end-to-end analysis: "
         "every (node, format) alone, the reverse view and both curves, INT8).", "",
         table(rows), "", "Most sensitive nodes (INT8, end to end):", "", tops(rows), ""])
-    publish(SECTION, text, write=not args.no_write)
+    publish("bench_sensitivity", text, write=not args.no_write)
 
 
 if __name__ == "__main__":

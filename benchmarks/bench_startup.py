@@ -1,6 +1,6 @@
 """CLI start-up: ``mpsearch --version`` and ``mpsearch profiles list`` in fresh processes.
 
-    python benchmarks/bench_startup.py [--repeat 5] [--write]
+    python benchmarks/bench_startup.py [--repeat 5] [--no-write]
 
 Each command runs ``--repeat`` times in a new interpreter (the installed console script); the
 table gives the median wall time and the heavy modules the CLI process loaded (none expected:
@@ -38,7 +38,8 @@ def _loaded(args: tuple[str, ...]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
+    parser.add_argument("--no-write", action="store_true",
+                        help="print only; do not write benchmarks/results/bench_startup.md")
     args = parser.parse_args()
     script = shutil.which("mpsearch")
     if script is None:
@@ -56,7 +57,7 @@ def main() -> None:
         heavy = ", ".join(_loaded(command)) or "none"
         lines.append(f"| `mpsearch {' '.join(command)}` | {statistics.median(times):.2f} | "
                      f"{heavy} |")
-    publish("## CLI start-up", "\n".join(lines) + "\n", args.write)
+    publish("bench_startup", "\n".join(lines) + "\n", write=not args.no_write)
 
 
 if __name__ == "__main__":

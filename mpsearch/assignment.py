@@ -10,6 +10,7 @@ profile's cost model.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -26,6 +27,7 @@ from mpsearch.summary import ModelSummary
 
 __all__ = [
     "Assignment",
+    "assignment_key",
     "ActivationSpec",
     "NodePlan",
     "plan_nodes",
@@ -41,6 +43,14 @@ __all__ = [
 
 _BYTES = {"int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "float32": 4,
           "float16": 2}
+
+
+def assignment_key(formats: Mapping[str, str]) -> str:
+    """The one stable key of a node -> format mapping: a short hash of its sorted items, so
+    equal mappings share a key whatever their order (the search's and the measurer's caches,
+    and ``cache/measurements.json``, are keyed by it)."""
+    text = json.dumps(sorted(formats.items()), separators=(",", ":"))
+    return hashlib.sha1(text.encode()).hexdigest()[:20]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +69,8 @@ class Assignment(Mapping[str, str]):
         return len(self.formats)
 
     def key(self) -> str:
-        """A stable text key (used to cache results by assignment)."""
-        return json.dumps(dict(sorted(self.formats.items())), separators=(",", ":"))
+        """:func:`assignment_key` of the whole mapping (results are cached by it)."""
+        return assignment_key(self.formats)
 
     def to_dict(self) -> dict[str, str]:
         return dict(self.formats)
@@ -328,16 +338,19 @@ def model_size(graph: ModelGraph, profile: HardwareProfile, assignment: Mapping[
                 stored[(node.inputs[0], read, per_axis[0])] = per_axis[1] * (
                     4 + _BYTES[read.dtype])
         if plan is not None:
+            per_tensor = False  # a per-tensor weight's bias has one scale and zero point
             for weight, fmt in plan.weights:
                 channels, axis = weight_channels(graph, profile, node, weight, fmt)
                 size = graph.initializers[weight].size * _BYTES[fmt.dtype]
                 extra = 0 if fmt.is_float else channels * (4 + _BYTES[fmt.dtype])
                 stored[(weight, fmt, axis)] = size + extra
+                per_tensor = axis is None and not fmt.is_float
             for tensor, spec in plan.constants:
                 size = graph.initializers[tensor].size * _BYTES[spec.dtype]
                 stored[(tensor, spec)] = size + (0 if _float(spec) else 4 + _BYTES[spec.dtype])
             if plan.bias is not None:
-                stored[(plan.bias, node.name)] = graph.initializers[plan.bias].size * 12
+                count = graph.initializers[plan.bias].size
+                stored[(plan.bias, node.name)] = count * 4 + (8 if per_tensor else count * 8)
             for tensor, spec in (*plan.inputs, *plan.outputs):
                 if carried.get(tensor) != spec:  # a clamped Relu's output needs no new Q/DQ
                     stored[(tensor, spec)] = 0 if _float(spec) else 4 + _BYTES[spec.dtype]

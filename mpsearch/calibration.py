@@ -65,7 +65,7 @@ class TensorStats:
     #: For a tensor read only by Softmax: the smallest row maximum (along the Softmax axis)
     #: seen. Values below it minus :data:`SOFTMAX_SPAN` carry no weight after the Softmax in
     #: any row, so the range's lower end is clipped there: an additive attention mask of
-    #: -10000 then no longer shares an 8-bit scale with the scores. None otherwise.
+    #: -10000 does not share an 8-bit scale with the scores. None otherwise.
     softmax_row_max: float | None = None
 
     @property

@@ -3,7 +3,8 @@
 Consumes a data source: an ``.npz`` archive (arrays named after the model's inputs, optional
 ``labels``), an ``.npy`` file (one input, named after the file's stem until
 :meth:`Dataset.for_inputs` binds it to a one-input model), a folder of images
-(decoded with Pillow as :class:`ImageOptions` says; sub-folders are classes and give labels) or
+or a ``.zip`` of images (decoded with Pillow as :class:`ImageOptions` says; sub-folders are
+classes and give labels) or
 a Python reader ``"package.module:function"`` returning a dict of arrays or yielding one dict per
 batch. Produces a frozen :class:`Dataset` that batches, splits (seeded) and fingerprints itself;
 :func:`check_signature` checks it against a model's inputs before any work is done.
@@ -16,8 +17,6 @@ import importlib
 import logging
 import os
 import re
-import warnings
-import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,82 +25,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpsearch._data_limits import CORRUPT, LIMITS, Limits, check_npz, first_line, npy_bytes
+from mpsearch._data_images import IMAGE_SUFFIXES, ImageOptions, read_image_zip, read_images
+from mpsearch._data_limits import CORRUPT, LIMITS, Budget, Limits, first_line, npy_bytes, read_npz
 from mpsearch.errors import DataError
 
 if TYPE_CHECKING:
     from mpsearch.graph import ModelGraph
 
-__all__ = ["LIMITS", "Dataset", "ImageOptions", "Limits", "check_finite", "check_signature",
-           "load_data"]
+__all__ = ["IMAGE_SUFFIXES", "LIMITS", "Dataset", "ImageOptions", "Limits", "check_finite",
+           "check_signature", "load_data"]
 
 logger = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = frozenset(
-    {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
 _READER = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 LABELS = "labels"
 
 
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ImageOptions:
-    """How image files become an input tensor: resize the shorter side to ``size`` (or to
-    exactly (height, width)), center-crop to ``crop``, multiply by ``scale``, subtract ``mean``
-    and divide by ``std`` per channel, lay out as ``layout`` and cast to ``dtype``."""
-
-    size: int | tuple[int, int] | None = None
-    crop: int | tuple[int, int] | None = None
-    mean: tuple[float, ...] = (0.0,)
-    std: tuple[float, ...] = (1.0,)
-    scale: float = 1.0 / 255.0
-    layout: str = "NCHW"
-    dtype: str = "float32"
-    mode: str = "RGB"
-    input_name: str = "input"
-
-    def __post_init__(self) -> None:
-        if self.layout not in ("NCHW", "NHWC"):
-            raise DataError(f"image options: layout '{self.layout}' is not NCHW or NHWC")
-        if self.mode not in ("RGB", "L", "RGBA"):
-            raise DataError(f"image options: mode '{self.mode}' is not RGB, L or RGBA")
-        if any(s == 0 for s in self.std):
-            raise DataError(f"image options: std {self.std} contains 0; use 1 to keep a channel")
-        try:
-            np.dtype(self.dtype)
-        except TypeError as e:
-            raise DataError(f"image options: dtype '{self.dtype}' is not a numpy dtype") from e
-        for key in ("size", "crop"):
-            value = getattr(self, key)
-            sides = () if value is None else (value,) if isinstance(value, int) else value
-            if any(not 1 <= int(v) <= LIMITS.image_side for v in sides):
-                raise DataError(f"image options: {key} {value} is outside 1..{LIMITS.image_side}"
-                                " pixels; use a smaller size")
-
-    @classmethod
-    def from_dict(cls, spec: Mapping[str, Any]) -> ImageOptions:
-        """Options from a parsed spec section; an unknown key is an error."""
-        known = {"size", "crop", "mean", "std", "scale", "layout", "dtype", "mode", "input_name"}
-        unknown = sorted(set(spec) - known)
-        if unknown:
-            raise DataError(f"image options: unknown key(s) {unknown}; valid keys are "
-                            f"{sorted(known)}")
-        values = dict(spec)
-        for key in ("size", "crop"):
-            if isinstance(values.get(key), list):
-                values[key] = tuple(values[key])
-        for key in ("mean", "std"):
-            if key in values:
-                raw = values[key]
-                values[key] = tuple(float(v) for v in (raw if isinstance(raw, list | tuple)
-                                                       else [raw]))
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"size": self.size, "crop": self.crop, "mean": list(self.mean),
-                "std": list(self.std), "scale": self.scale, "layout": self.layout,
-                "dtype": self.dtype, "mode": self.mode, "input_name": self.input_name}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -217,30 +156,32 @@ def _positive(value: int, what: str) -> int:
 
 
 # ------------------------------------------------------------------ loading
-def load_data(source: str | os.PathLike[str], *, images: ImageOptions | None = None) -> Dataset:
-    """Load a data source (see the module docstring) into memory."""
+def load_data(source: str | os.PathLike[str], *, images: ImageOptions | None = None,
+              limits: Limits = LIMITS) -> Dataset:
+    """Load a data source (see the module docstring) into memory, within the memory budget
+    ``limits.data_bytes`` counted on what is decoded."""
     text = os.fspath(source)
     path = Path(text)
     if not path.exists() and _READER.match(text):
-        return _from_reader(text)
+        return _from_reader(text, limits)
     if not path.exists():
         raise DataError(f"{text}: no such file or folder; give an .npz/.npy file, an image "
                         "folder or a 'package.module:function' reader")
     if path.is_dir():
-        return _from_images(path, images or ImageOptions())
+        return _from_images(path, images or ImageOptions(), limits)
     if path.suffix == ".npz":
-        return _from_npz(path)
+        return _from_npz(path, limits)
+    if path.suffix.lower() == ".zip":
+        return _from_images(path, images or ImageOptions(), limits)
     if path.suffix == ".npy":
-        return Dataset(inputs={path.stem: _load_npy(path)}, source=text)
+        return Dataset(inputs={path.stem: _load_npy(path, limits)}, source=text)
     raise DataError(f"{text}: unsupported data file '{path.suffix}'; use .npz, .npy, an image "
-                    "folder or a 'package.module:function' reader")
+                    "folder or .zip, or a 'package.module:function' reader")
 
 
-def _from_npz(path: Path, limits: Limits = LIMITS) -> Dataset:
+def _from_npz(path: Path, limits: Limits) -> Dataset:
     try:
-        check_npz(path, limits)
-        with np.load(path, allow_pickle=False) as archive:
-            arrays = {name: archive[name] for name in archive.files}
+        arrays = read_npz(path, limits)
     except CORRUPT as e:
         raise DataError(f"{path}: cannot read the archive ({type(e).__name__}: "
                         f"{first_line(e)}); the file is truncated or not an .npz, re-save it "
@@ -251,7 +192,7 @@ def _from_npz(path: Path, limits: Limits = LIMITS) -> Dataset:
     return Dataset(inputs=arrays, labels=labels, source=str(path))
 
 
-def _load_npy(path: Path, limits: Limits = LIMITS) -> np.ndarray:
+def _load_npy(path: Path, limits: Limits) -> np.ndarray:
     try:
         with open(path, "rb") as stream:
             declared = npy_bytes(stream)
@@ -265,7 +206,7 @@ def _load_npy(path: Path, limits: Limits = LIMITS) -> np.ndarray:
                         f"{first_line(e)}); re-save it with numpy.save") from e
 
 
-def _from_reader(spec: str) -> Dataset:
+def _from_reader(spec: str, limits: Limits) -> Dataset:
     module_name, _, function_name = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -275,16 +216,31 @@ def _from_reader(spec: str) -> Dataset:
     function = getattr(module, function_name, None)
     if not callable(function):
         raise DataError(f"{spec}: module '{module_name}' has no function '{function_name}'")
+    return _concatenate(_produced(function, spec), spec, Budget(spec, limits))
+
+
+def _produced(function: Any, spec: str) -> Iterator[Any]:
+    """What the reader returns or yields, one item at a time (its failures as DataError)."""
     try:
         produced = function()
-        parts = [produced] if isinstance(produced, Mapping) else list(produced)
+        if isinstance(produced, Mapping):
+            yield produced
+            return
+        iterator = iter(produced)
+        while True:
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            yield item
+    except DataError:
+        raise
     except Exception as e:
         raise DataError(f"{spec}: the reader failed ({type(e).__name__}: {e}); fix the "
                         "reader") from e
-    return _concatenate(parts, spec)
 
 
-def _concatenate(parts: Iterable[Any], source: str) -> Dataset:
+def _concatenate(parts: Iterable[Any], source: str, budget: Budget) -> Dataset:
     chunks: dict[str, list[np.ndarray]] = {}
     names: list[str] | None = None
     count = 0
@@ -298,7 +254,9 @@ def _concatenate(parts: Iterable[Any], source: str) -> Dataset:
                             "yield the same inputs every time")
         names = keys
         for name, value in part.items():
-            chunks.setdefault(str(name), []).append(np.asarray(value))
+            array = np.asarray(value)
+            budget.take(2 * array.nbytes, f"item {index}")  # kept, then concatenated
+            chunks.setdefault(str(name), []).append(array)
         count += 1
     if count == 0:
         raise DataError(f"{source}: the reader produced no data; yield at least one batch")
@@ -311,80 +269,18 @@ def _concatenate(parts: Iterable[Any], source: str) -> Dataset:
     return Dataset(inputs=arrays, labels=labels, source=source)
 
 
-def _image_files(folder: Path) -> tuple[list[Path], np.ndarray | None]:
-    classes = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if classes:
-        files, labels = [], []
-        for index, sub in enumerate(classes):
-            found = sorted(p for p in sub.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
-            files += found
-            labels += [index] * len(found)
-        return files, np.asarray(labels, dtype=np.int64)
-    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES), None
-
-
-def _from_images(folder: Path, options: ImageOptions) -> Dataset:
-    files, labels = _image_files(folder)
-    if not files:
+def _from_images(folder: Path, options: ImageOptions, limits: Limits) -> Dataset:
+    read = read_image_zip if folder.is_file() else read_images
+    try:
+        batch, labels, count = read(folder, options, limits)
+    except CORRUPT as e:  # a damaged zip of images
+        raise DataError(f"{folder}: cannot read the zip of images ({type(e).__name__}: "
+                        f"{first_line(e)}); upload a .zip of images") from e
+    if count == 0:
         raise DataError(f"{folder}: the folder has no images ({', '.join(sorted(IMAGE_SUFFIXES))}"
                         "); point --data at a folder of images or an .npz file")
-    arrays = [_decode(path, options) for path in files]
-    shapes = {a.shape for a in arrays}
-    if len(shapes) > 1:
-        raise DataError(f"{folder}: images decode to different shapes {sorted(shapes)[:3]}; set "
-                        "'size' and 'crop' in the image options")
-    batch = np.stack(arrays)
-    logger.info("decoded %d images from %s to %s", len(files), folder, batch.shape)
+    logger.info("decoded %d images from %s to %s", count, folder, batch.shape)
     return Dataset(inputs={options.input_name: batch}, labels=labels, source=str(folder))
-
-
-def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
-
-
-def _decode(path: Path, options: ImageOptions) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError  # only image folders need Pillow
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as raw:  # reads the header only
-                pixels_declared = raw.size[0] * raw.size[1]
-                if pixels_declared > LIMITS.image_pixels:
-                    raise DataError(
-                        f"{path}: the image is {raw.size[0]}x{raw.size[1]} pixels (limit "
-                        f"{LIMITS.image_pixels}); a decompression bomb or not a photo, "
-                        "resize it first")
-                image = raw.convert(options.mode)
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise DataError(f"{path}: refused as a decompression bomb ({e}); resize the "
-                        "image first") from e
-    except (OSError, UnidentifiedImageError, ValueError, zlib.error) as e:
-        raise DataError(f"{path}: cannot decode the image ({e}); remove or re-save it") from e
-    if options.size is not None:
-        if isinstance(options.size, int):
-            w, h = image.size
-            ratio = options.size / min(w, h)
-            target = (max(1, round(w * ratio)), max(1, round(h * ratio)))
-        else:
-            target = (options.size[1], options.size[0])
-        image = image.resize(target, Image.Resampling.BILINEAR)
-    if options.crop is not None:
-        ch, cw = _pair(options.crop)
-        w, h = image.size
-        if ch > h or cw > w:
-            raise DataError(f"{path}: crop {ch}x{cw} is larger than the {h}x{w} image; lower "
-                            "'crop' or raise 'size'")
-        left, top = (w - cw) // 2, (h - ch) // 2
-        image = image.crop((left, top, left + cw, top + ch))
-    pixels = np.asarray(image, dtype=np.float32)
-    if pixels.ndim == 2:
-        pixels = pixels[:, :, None]
-    mean, std = np.asarray(options.mean, np.float32), np.asarray(options.std, np.float32)
-    array: np.ndarray = (pixels * np.float32(options.scale) - mean) / std
-    if options.layout == "NCHW":
-        array = array.transpose(2, 0, 1)
-    return np.ascontiguousarray(array.astype(options.dtype))
 
 
 # ------------------------------------------------------------------ checks

@@ -16,6 +16,7 @@ __all__ = [
     "QuantizationError",
     "SearchError",
     "SpecError",
+    "TargetError",
 ]
 
 
@@ -49,3 +50,7 @@ class QuantizationError(MpsearchError):
 
 class SearchError(MpsearchError):
     """The search cannot run or resume (storage, study, budget)."""
+
+
+class TargetError(MpsearchError):
+    """A target toolchain is missing, refuses the model or fails to compile or run it."""

@@ -14,7 +14,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -74,6 +74,14 @@ from mpsearch.search import (
 )
 from mpsearch.spec import SearchSpec, load_spec
 from mpsearch.summary import ModelSummary, summarize
+from mpsearch.targets import TargetError
+from mpsearch.targets._probes import ProbeResult, check_profile
+from mpsearch.targets._verify import (
+    TargetVerifier,
+    placement_record,
+    target_for,
+    toolchain_version,
+)
 
 __all__ = ["BuiltModel", "DryRun", "Prepared", "SearchRun",
            "analyze_prepared", "analyze_run", "calibrate_model", "dry_run", "evaluate_model",
@@ -314,6 +322,7 @@ def search_run(
     search_data, held_data = _splits(prepared, spec)
     inputs = _search_inputs(prepared, spec, search_data)
     check_resume(spec, run.path, inputs, resume)  # before anything of the run dir is rewritten
+    verifier = _verifier(spec, prepared, run.path, held_data)
     _write_inputs(run, spec, prepared, "search")
     _write_model_info(run, prepared)
     with _spec_measuring(prepared, spec, search_data, run, "search", prefix=True) as measurer:
@@ -325,15 +334,47 @@ def search_run(
                                measure_above=MEASURE_ABOVE, progress=progress)
             write_analysis(run, analysis, model_size(prepared.graph, prepared.profile, {}))
         result = run_search(measurer, prepared.summary, spec, run_dir=run.path, resume=resume,
-                            inputs=inputs, progress=progress)
+                            inputs=inputs, progress=progress,
+                            refusal=verifier.refusal if verifier is not None
+                            and spec.verify == "toolchain" else None)
         with _spec_measuring(prepared, spec, held_data, run, "held-out") as held:
             front = held_out_front(prepared.summary, spec, result, held, measurer,
                                    progress)
+        if verifier is not None:  # the front points' metric as the target computes it
+            front = verifier.front(front, Evaluator(prepared.graph, held_data,
+                                                    metric=spec.metric,
+                                                    batch_size=spec.batch_size,
+                                                    threads=spec.threads))
     run.write_front(front)
     run.write_trials([[r.trial, r.state, r.metric, r.size, relative_latency(r.latency, front.fp32),
                        r.source] for r in result.trials])
     return SearchRun(run_dir=run.path, result=result, front=front, analysis=analysis,
                      measured=tuple(measurer.measured))
+
+
+def _verifier(spec: SearchSpec, prepared: Prepared, run_dir: Path, data: Dataset
+              ) -> TargetVerifier | None:
+    """The profile's toolchain for ``verify: toolchain`` or ``front`` (None otherwise); its
+    work files go to the run directory's ``targets/``."""
+    if spec.verify == "none":
+        return None
+    try:
+        return TargetVerifier(prepared.quantizer(), run_dir / "targets",
+                              next(iter(data.batches(1))))
+    except TargetError as e:
+        raise SpecError(f"{spec.path or 'search spec'}: verify: {spec.verify}: {e}") from e
+
+
+def check_profile_claims(
+    profile: str | os.PathLike[str], *, ops: Sequence[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[HardwareProfile, str, tuple[ProbeResult, ...]]:
+    """``mpsearch profiles check``: the profile, its toolchain's version and one probe per
+    (op, format) (:func:`mpsearch.targets._probes.check_profile`)."""
+    hw = load_profile(profile)
+    tool = target_for(hw)
+    results = check_profile(hw, tool, ops=ops, progress=progress)
+    return hw, toolchain_version(tool), results
 
 
 def _check_latency_objective(spec: SearchSpec) -> None:
@@ -383,6 +424,12 @@ class BuiltModel:
     latency_s: float
     fp32_latency_s: float
     point: FrontPoint | None = None
+    #: With ``target``: the toolchain's artifact, the held-out metric it computes, and its
+    #: placement record (:func:`~mpsearch.targets._verify.placement_record`) and cost.
+    target_artifact: Path | None = None
+    target_metric: float | None = None
+    target_placement: dict[str, Any] | None = None
+    target_cost: dict[str, float] | None = None
 
 
 def _build(prepared: Prepared, assignment: Assignment, out: str | Path, data: Dataset,
@@ -410,8 +457,11 @@ def _spec_of(run: RunDir) -> SearchSpec:
     return load_spec(run.spec_yaml)
 
 
-def export_point(run_dir: RunDir | str | Path, point: int, out: str | Path) -> BuiltModel:
-    """Rebuild front point ``point`` of a finished run, write it, re-verify it on held-out data."""
+def export_point(run_dir: RunDir | str | Path, point: int, out: str | Path, *,
+                 target: bool = False) -> BuiltModel:
+    """Rebuild front point ``point`` of a finished run, write it, re-verify it on held-out data;
+    with ``target``, also compile it with the profile's toolchain into ``<out stem>_<name>/``
+    beside it and measure the artifact on the held-out data as the target computes it."""
     run = _rundir(run_dir)
     front = run.read_front()
     if not 0 <= point < len(front.points):
@@ -421,7 +471,27 @@ def export_point(run_dir: RunDir | str | Path, point: int, out: str | Path) -> B
     prepared = prepare(spec, run)
     chosen = front.points[point]
     assignment = make_assignment(prepared.graph, prepared.profile, chosen.assignment)
-    return _build(prepared, assignment, out, _splits(prepared, spec)[1], spec, chosen)
+    held = _splits(prepared, spec)[1]
+    built = _build(prepared, assignment, out, held, spec, chosen)
+    return _with_target(built, prepared, spec, held) if target else built
+
+
+def _with_target(built: BuiltModel, prepared: Prepared, spec: SearchSpec, held: Dataset
+                 ) -> BuiltModel:
+    """``built`` with the profile's toolchain artifact beside it, measured on ``held``."""
+    try:
+        verifier = TargetVerifier(prepared.quantizer(), built.path.parent,
+                                  next(iter(held.batches(1))))
+    except TargetError as e:
+        raise SearchError(f"export --target: {e}") from e
+    folder = built.path.parent / f"{built.path.stem}_{verifier.tool.name}"
+    model, compiled = verifier.compile(built.assignment, folder=folder)
+    evaluator = Evaluator(prepared.graph, held, metric=spec.metric,
+                          batch_size=spec.batch_size, threads=spec.threads)
+    metrics = evaluator.metrics(verifier.outputs(compiled, model, evaluator))
+    return replace(built, target_artifact=compiled.artifact,
+                   target_metric=metrics[evaluator.primary.name],
+                   target_placement=placement_record(compiled), target_cost=dict(compiled.cost))
 
 
 def quantize_one(spec: SearchSpec, out: str | Path, *, uniform: str | None = None,

@@ -255,14 +255,18 @@ class Quantizer:
     def _bias(self, node: Node, bias: str, input_scale: float, weight: _Stored) -> _Stored:
         array = self.graph.initializers[bias].astype(np.float64)
         scale = (input_scale * weight.scale.astype(np.float64)).reshape(-1)
-        scale = np.broadcast_to(scale, array.shape).astype(np.float32)
+        # a per-tensor weight gets a per-tensor bias: the QNN HTP backend misreads a per-axis
+        # bias beside a per-tensor weight (the demo's Gemm: 0.087 on the emulator vs 0.984)
+        axis: int | None = None if weight.scale.ndim == 0 else 0
+        scale = (scale.reshape(()) if axis is None
+                 else np.broadcast_to(scale, array.shape)).astype(np.float32)
         scale = np.where(scale > 0, scale, np.float32(1.0))
         codes = np.clip(np.round(array / scale), -(2**31), 2**31 - 1).astype(np.int32)
-        zero = np.zeros(array.shape, dtype=np.int32)
+        zero = np.zeros(scale.shape, dtype=np.int32)
         # one reader (the usual case): the bias's name is enough; a shared bias gets one
         # copy per node, each on its node's input x weight scale
         owner = "" if len(self.graph.consumers(bias)) == 1 else f"__{node.name}"
-        return self._dequantized(f"{bias}{owner}__i32", codes, scale, zero, 0, "int32")
+        return self._dequantized(f"{bias}{owner}__i32", codes, scale, zero, axis, "int32")
 
     def _dequantized(
         self, name: str, codes: np.ndarray, scale: np.ndarray, zero: np.ndarray,

@@ -99,7 +99,11 @@ class FrontPoint:
     whose format differs from uniform INT8. ``interval`` is the 95 % interval of ``metric``
     (Wilson for accuracy-like metrics, bootstrap over samples otherwise; None when unknown);
     ``dominated`` is True when another front point beats this one on the held-out re-measure.
-    The latency fields are :class:`Baseline`'s.
+    The latency fields are :class:`Baseline`'s. With a spec's ``verify: toolchain``,
+    ``target_metric`` is the held-out metric as the profile's toolchain computes it (its
+    emulator or simulator), ``target_placement`` where each node runs there (counts, the
+    nodes on the CPU with the toolchain's reason, every placement) and ``target_cost`` the
+    toolchain's own cost figures; None otherwise.
     """
 
     index: int
@@ -118,6 +122,9 @@ class FrontPoint:
     latency_estimate: float | None = None
     latency_ms: float | None = None
     batch_latency_ms: float | None = None
+    target_metric: float | None = None
+    target_placement: Mapping[str, Any] | None = None
+    target_cost: Mapping[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -136,7 +143,10 @@ class FrontPoint:
                    counts=dict(data.get("counts", {})),
                    differs_from_int8=tuple(data.get("differs_from_int8", ())),
                    source=str(data.get("source", "")), interval=_interval(data.get("interval")),
-                   dominated=bool(data.get("dominated", False)))
+                   dominated=bool(data.get("dominated", False)),
+                   target_metric=data.get("target_metric"),
+                   target_placement=data.get("target_placement"),
+                   target_cost=data.get("target_cost"))
 
 
 def _metrics(data: Mapping[str, Any]) -> dict[str, float]:

@@ -7,12 +7,14 @@ a fixed thread count.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +23,8 @@ import onnxruntime as ort
 
 from mpsearch.errors import DataError, ModelError
 
-__all__ = ["Session", "SharedWeights", "create_session", "ort_version", "with_outputs"]
+__all__ = ["Session", "SharedWeights", "create_plugin_session", "create_session", "ort_version",
+           "with_outputs"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,10 +86,8 @@ class SharedWeights:
     """The large float initializers of a reference model, written once to a private folder, so
     that sessions of models carrying them unchanged (same name, same bytes: a configuration
     leaves most weights float) read them as external data instead of serializing and parsing
-    them again. On a transformer with 90 MB of weights this takes a single-node configuration's
-    session from 0.30 s to 0.09-0.10 s, the copy and comparison included, and its build and
-    session together from 0.21 s to 0.06 s when the build emits the stand-ins
-    (benchmarks/RESULTS.md); the outputs are bit-identical, since the bytes are.
+    them again: on a weight-heavy model that serialization is most of a small configuration's
+    session time. The outputs are bit-identical, since the bytes are.
 
     Only tensors stored as ``raw_data`` of at least ``min_bytes`` are shared; the folder is
     removed with this object. :attr:`stand_ins` maps each shared tensor's name to its
@@ -287,6 +288,74 @@ def create_session(
         raise ModelError(f"{name}: ONNX Runtime cannot load the model ({_first_line(e)}); "
                          "check it with onnx.checker or re-export it") from e
     return Session(session, name)
+
+
+_plugins: set[str] = set()
+
+
+def create_plugin_session(
+    model: str | os.PathLike[str], *, ep_name: str, library: str,
+    provider_options: Mapping[str, str], config: Mapping[str, str] = {},
+    capture_log: bool = False, label: str | None = None,
+) -> tuple[Session, str]:
+    """Open a session of ``model`` (a file: an EP context model names its binary relative to
+    it) on the plugin execution provider ``ep_name`` (its shared ``library``, registered once
+    per process), with ONNX Runtime's CPU EP for what the plugin does not take.
+
+    ``config``: session config entries (``session.disable_cpu_ep_fallback``,
+    ``ep.context_enable``, ...). With ``capture_log`` the session is created at verbose log
+    severity and ONNX Runtime's native log (written to the process's stderr, so the capture
+    is process-wide while it lasts) is returned: it names each node the plugin refused and
+    why. Returns the session and that log ('' without ``capture_log``)."""
+    name = label or os.fspath(model)
+    try:
+        if ep_name not in _plugins:
+            ort.register_execution_provider_library(ep_name, library)
+            _plugins.add(ep_name)
+        devices = [d for d in ort.get_ep_devices() if d.ep_name == ep_name]
+    except Exception as e:
+        raise ModelError(f"{library}: ONNX Runtime {ort.__version__} cannot load the execution "
+                         f"provider {ep_name} ({_first_line(e)}); reinstall it") from e
+    if not devices:
+        raise ModelError(f"{library}: the execution provider {ep_name} reports no device")
+    options = ort.SessionOptions()
+    options.log_severity_level = 0 if capture_log else 3
+    for key, value in config.items():
+        options.add_session_config_entry(key, value)
+    options.add_provider_for_devices(devices, dict(provider_options))
+    try:
+        with _native_log(capture_log) as read:
+            session = ort.InferenceSession(os.fspath(model), options)
+        # a failed run must fail, not be retried silently on the CPU EP alone
+        session.disable_fallback()
+    except Exception as e:
+        raise ModelError(f"{name}: {ep_name} cannot run the model ({_first_line(e)})") from e
+    return Session(session, name), read()
+
+
+@contextlib.contextmanager
+def _native_log(capture: bool) -> Iterator[Any]:
+    """While the block runs, send what native code prints to stdout to stderr instead (the
+    QNN backend prints a line there as it loads, which would corrupt a command's JSON), and
+    with ``capture`` both to a temporary file; yields a function returning what was
+    captured."""
+    text: list[str] = []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2))
+    with tempfile.TemporaryFile() as file:
+        if capture:
+            os.dup2(file.fileno(), 2)
+        os.dup2(2, 1)
+        try:
+            yield lambda: "".join(text)
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+            file.seek(0)
+            text.append(file.read().decode("utf-8", errors="replace"))
 
 
 def _fixed_batch(session: ort.InferenceSession) -> int | None:

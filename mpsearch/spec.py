@@ -44,6 +44,11 @@ OBJECTIVES = ("metric", "size", "latency")
 SEARCH_SCORES = ("auto", "metric", "sqnr")
 #: Activation range methods of a calibration table (see :meth:`CalibrationTable.range`).
 METHODS = ("minmax", "percentile", "entropy", "mse")
+#: ``verify``: ``toolchain`` runs the profile's toolchain on every configuration (one the
+#: target would not run wholly on its accelerator, or cannot compile, is infeasible) and on
+#: the front points (their held-out metric as the target computes it, placement, cost);
+#: ``front`` only on the front points (fallback allowed, and shown); ``none`` not at all.
+VERIFY = ("none", "front", "toolchain")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,6 +128,7 @@ class SearchSpec:
     smoothquant_alpha: float = 0.5
     path: str | None = None
     name: str | None = None  # what reports call the model (an upload's own file name)
+    verify: str = "none"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -148,7 +154,7 @@ class SearchSpec:
                            "search_score": self.search_score},
             "formats": None if self.formats is None else list(self.formats),
             "analysis": self.analysis, "seeding": self.seeding, "explore": self.explore,
-            "name": self.name,
+            "name": self.name, "verify": self.verify,
             "recovery": {"cle": self.cle, "bias_correction": self.bias_correction,
                          "gptq": self.gptq, "smoothquant": self.smoothquant,
                          "smoothquant_alpha": self.smoothquant_alpha},
@@ -193,7 +199,7 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     root.check_keys(
         ("model", "profile", "data", "metric", "objectives", "constraints", "budget",
          "sampler", "seed", "storage", "study", "calibration", "formats", "evaluation",
-         "analysis", "seeding", "explore", "name", "recovery"),
+         "analysis", "seeding", "explore", "name", "recovery", "verify"),
         required=("model", "profile", "data"),
     )
     base = Path(file).resolve().parent
@@ -259,4 +265,5 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
         smoothquant_alpha=_alpha(recovery),
         path=file,
         name=root.get_str("name", None),
+        verify=root.get_str("verify", "none", choices=VERIFY),
     )

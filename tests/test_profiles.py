@@ -137,7 +137,9 @@ def test_tensorrt_has_no_int16_and_htp_has_fp16_on_chip() -> None:
     assert all(f.activation.bits != 16 or f.is_float for f in trt.formats.values())
     htp = load_profile("qnn_htp")
     assert htp.format("fp16").executes == "accelerator"
-    assert htp.format("fp32").executes == "cpu_fallback"
+    # the QNN EP puts float nodes on the HTP in fp16 (onnxruntime-qnn 2.7.0; a probe of
+    # tests/test_targets_qnn.py checks it against the emulator)
+    assert htp.format("fp32").executes == "accelerator"
 
 
 def test_ethos_u55_16x8_half_rate_and_u85_extends() -> None:

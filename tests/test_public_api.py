@@ -14,7 +14,7 @@ CLASSES = {
     "Quantizer", "Thresholds",
 }
 ERRORS = {"CalibrationError", "DataError", "ModelError", "MpsearchError", "ProfileError",
-          "QuantizationError", "SearchError", "SpecError"}
+          "QuantizationError", "SearchError", "SpecError", "TargetError"}
 FUNCTIONS = {
     "analyze", "build_qdq", "calibrate", "check_signature", "estimate_latency", "format_summary",
     "host_int8_isa", "latency_unknown_reason", "list_profiles", "load_assignment",

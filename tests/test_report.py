@@ -46,7 +46,7 @@ HOSTILE = "</script><script>window.pwned=1</script><b>x"
 # -- a small run directory, every file the report reads ------------------------------------
 def _histogram(rng: np.random.Generator, scale: float, tensor: str, role: str,
                bins: int = 64) -> dict[str, Any]:
-    """A ``TensorDistribution.to_dict()`` (mpsearch.distributions) of a normal sample."""
+    """A ``TensorDistribution.to_dict()`` (mpsearch.analysis) of a normal sample."""
     values = rng.normal(0.0, scale, 4000)
     edges = np.linspace(values.min(), values.max(), bins + 1)
     formats = {}

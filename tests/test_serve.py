@@ -150,9 +150,30 @@ def test_bundled_model_shows_its_summary_profile_and_form(client: TestClient,
         (4, "Run a search"))]
     assert steps == sorted(steps) and steps[-1] < html.index("Model summary")
     assert '<section class="step next" id="step-job">' in html  # the demo's data is there
-    assert "Optional here: the data below is already selected in step 4." in html
+    assert ('<p class="muted" id="data-note">The demo comes with its own data, already '
+            "selected in step 4: bundled demo_data.npz (the demo&#x27;s data).") in html
+    assert "Optional" not in html
     for name in ("max_metric_drop", "sensitivity_samples", "analysis", "held_out"):
         assert f'<small class="help" id="help-{name}">' in html, name
+    # the sensitivity samples field says what the spec does: 32 by default, written 32
+    from mpsearch.spec import SearchSpec
+
+    default = SearchSpec(model="m", profile="p", data="d").sensitivity_limit
+    assert default == 32
+    assert (f'name="sensitivity_samples" id="sensitivity_samples" value="{default}" min="1" '
+            'required="required">') in html
+    assert f"(default {default}, as a spec&#x27;s evaluation.sensitivity_samples)" in html
+    assert 'placeholder="all"' not in html and "64" not in html.split("help-sensitivity")[1][:300]
+    again = client.post("/models/bundled", data={"name": "demo.onnx"})  # a second click
+    assert again.url.path == page.url.path  # the same entry, not a second one
+    assert len(_left(tmp_path / "work", "models")) == 1
+    icon = client.get("/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/x-icon"
+    assert icon.content[:4] == b"\x00\x00\x01\x00"  # an ICO header
+    assert '<link rel="icon" href="/favicon.ico"' in html
+    plotly = client.get("/static/plotly.min.js")  # the report's plotly.js, served locally
+    assert plotly.status_code == 200 and plotly.headers["content-type"].startswith(
+        "text/javascript") and b"plotly.js v" in plotly.content[:400]
     assert '<span class="tag">demo</span>' in client.get("/").text
     for expected in ("30,866", "Conv", "GlobalAveragePool", "Heaviest nodes", "FLOPs",
                      'data-profile="x86_ort"', "uint8 asym per-tensor", "Op rules",
@@ -199,7 +220,12 @@ def test_uploaded_model_steps_confirmation_and_job_names(client: TestClient,
         search["title"].endswith("on x86_ort, 3 trials")
     assert (search["profile"], search["model_name"]) == ("x86_ort", "tiny.onnx")
     jobs = client.get("/").text.split('id="jobs"')[1]
-    assert "<th>profile</th><th>trials</th>" in jobs and "<td>x86_ort</td><td>3</td>" in jobs
+    assert "<th>profile</th><th>kind</th><th>trials</th><th>status</th>" in jobs
+    assert "<td>x86_ort</td><td>search</td><td>3</td>" in jobs
+    assert "<th>best metric (held-out)</th><th>smallest size</th><th>recommendation</th>" in jobs
+    assert ('<td class="settings">minmax, metric auto, held-out 0.5, 48 calibration samples, '
+            "32 sensitivity samples</td>") in jobs
+    assert "bundled:" not in page  # no data offered that was not made for this model
     info = client.get(f"/api/models/{model}").json()["info"]
     assert info["file_bytes"] == tiny[0].stat().st_size and info["weight_bytes"] == 4 * 426
     assert (f"<td>{bytes_text(4 * 426)}</td><td>{bytes_text(tiny[0].stat().st_size)}</td>"
@@ -224,6 +250,13 @@ def test_model_summary_json_and_profile_card(client: TestClient, tiny: tuple[Pat
     assert summary["params"] == 4 * 9 + 4 + 8 * 36 + 8 + 80 + 10
     card = client.get("/profiles/card", params={"ref": "shipped:qnn_htp"}).text
     assert 'data-profile="qnn_htp"' in card and "int16" in card
+    # op rule notes read as words, not Python dicts
+    assert "fixed quantization: uint16 scale 1.526e-05, zero point 0; int16 scale 3.052e-05, " \
+        "zero point 0" in card
+    # no Python dict or list reprs (an apostrophe in the profile's own prose is fine)
+    assert "{" not in card and "[&#x27;" not in card and "&#x27;: " not in card
+    x86 = client.get("/profiles/card", params={"ref": "shipped:x86_ort"}).text
+    assert "relative cost: int8 unknown" in x86 and "{" not in x86
     assert "neither a shipped profile" in client.get("/profiles/card",
                                                      params={"ref": "shipped:../x"}).text
     assert "shipped:x86_ort" in client.get("/api/profiles").json()["profiles"]
@@ -464,7 +497,7 @@ def test_cross_site_and_tokenless_requests_are_refused(tmp_path: Path) -> None:
                     headers={"x-mpsearch-token": TOKEN, "host": "127.0.0.1:9"}) as api:
         created = api.post(**post, headers={"origin": "http://127.0.0.1:9", **JSON})
         assert created.status_code == 201, created.text  # a script with the token header
-    assert len(_left(work, "models")) == 2
+    assert len(_left(work, "models")) == 1  # both opened the demo: one entry, reused
 
 
 def test_internal_errors_are_messages(client: TestClient, monkeypatch: pytest.MonkeyPatch,
@@ -503,8 +536,15 @@ def test_queue_cancel_resume(tmp_path: Path, tiny: tuple[Path, Path]) -> None:
         assert progress["stage"] == "search" and progress["message"] == (
             "searching: each trial builds one configuration and measures it on the search "
             "split")
+        whole = progress["overall"]
+        assert whole["phases"][whole["index"]] == "search" and whole["estimate"] is True
+        if whole["left"] is not None:  # known after two search reports
+            assert whole["left"] > 0 and whole["upper"] is True and 0 < whole["fraction"] < 1
         client.post(f"/jobs/{first}/cancel", headers=JSON)
         _wait(client, first, ("cancelled",), timeout=30)
+        log = (tmp_path / "work" / "runs" / first / "job.log").read_text()
+        assert "mpsearch: cancelled" in log
+        assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
         points, finished = read_journal(tmp_path / "work" / "runs" / first / "study.journal")
         assert finished >= 2 and points
         page = client.get(f"/jobs/{first}").text  # what the cancelled search found
@@ -514,6 +554,9 @@ def test_queue_cancel_resume(tmp_path: Path, tiny: tuple[Path, Path]) -> None:
         chart = json.loads(page.split('id="page-data">')[1].split("</script>")[0])["chart"]
         assert chart["front"] == [list(p) for p in pareto(points, True)]
         assert chart["y"] == "metric (search split)"
+        commands = page.split('id="commands">')[1].split("</pre>")[0]
+        assert "mpsearch search " in commands and "mpsearch export" not in commands
+        assert f'id="finish">Finish with these {finished} trials</button>' in page
         resumed = client.post(f"/jobs/{first}/resume", headers=JSON).json()
         assert resumed["state"] == "queued" and resumed["resume"] is True
         _wait(client, first, ("running",))
@@ -523,6 +566,27 @@ def test_queue_cancel_resume(tmp_path: Path, tiny: tuple[Path, Path]) -> None:
     assert job["state"] == "interrupted"  # the server stopped while it ran
     with _client(tmp_path / "work") as again:  # a restart keeps the jobs
         assert {j["id"] for j in again.get("/api/jobs").json()["jobs"]} == {first, second}
+        # finish the stopped search with the trials it ran: its front becomes exportable
+        _, finished = read_journal(tmp_path / "work" / "runs" / first / "study.journal")
+        done = again.post(f"/jobs/{first}/finish", headers=JSON).json()
+        assert (done["state"], done["trials"]) == ("queued", finished)
+        status = _wait(again, first, ("done", "failed"))
+        assert status["job"]["state"] == "done", status
+        _, after = read_journal(tmp_path / "work" / "runs" / first / "study.journal")
+        assert after == finished  # no new trial ran
+        front = json.loads((tmp_path / "work" / "runs" / first / "front.json").read_text())
+        assert front["points"] and front["evaluations"] >= 0
+        page = again.get(f"/jobs/{first}").text
+        assert f"{finished} of {finished} trials finished" in page and 'id="front"' in page
+        assert "mpsearch export" in page.split('id="commands">')[1]
+        exported = again.get(f"/jobs/{first}/export", params={"point": "0"})
+        assert exported.status_code == 200
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(exported.content, providers=["CPUExecutionProvider"])
+        assert session.run(None, {"input": np.zeros((1, 1, 8, 8), np.float32)})[0].shape == (1, 10)
+        again_done = again.post(f"/jobs/{first}/finish", headers=JSON)
+        assert again_done.status_code == 409  # a finished search has its front already
 
 
 def test_failed_job_shows_one_line(client: TestClient, tiny: tuple[Path, Path]) -> None:
@@ -575,15 +639,27 @@ def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
     assert 'id="front"' in page and 'iframe id="report"' in page and "--resume" in page
     assert page.index('id="results"') < page.index('iframe id="report"')  # the front first
     front = json.loads((run_dir / "front.json").read_text())
+    shown = [p for p in front["points"] if p.get("shown", not p.get("dominated", False))]
+    hidden = [p for p in front["points"] if p not in shown]
     assert ('<p id="front-summary">3 of 3 trials finished (all runs of this job); '
-            f'{len(front["points"])} point(s) on the front.') in page
+            f'{len(shown)} point(s) on the front') in page
+    assert (f", {len(hidden)} more beaten on the held-out re-measure" in page) == bool(hidden)
+    assert '<p id="recommendation" class="recommendation"><b>Recommendation:</b> ' in page
     assert "accuracy (held-out split)</th><th>accuracy (search split)</th><th>weights</th>" \
-        "<th>file</th>" in page
-    assert f'<td class="weights">{bytes_text(front["points"][0]["size"])}</td>' in page
+        "<th>file</th><th>latency, batch 1</th>" in page
+    assert f'<td class="weights">{bytes_text(shown[0]["size"])}</td>' in page
     assert '<td class="file"><span class="muted">on export</span></td>' in page
+    fp32 = page.split('<tr class="baseline" data-baseline="fp32">')[1].split("</tr>")[0]
+    assert f'<td class="metric">{front["fp32"]["metric"]:.4f}</td>' in fp32
+    for key in front["uniform"]:  # every uniform baseline has its row
+        assert f'<tr class="baseline" data-baseline="{key}">' in page, key
     chart = json.loads(page.split('id="page-data">')[1].split("</script>")[0])["chart"]
-    assert chart["y"] == "accuracy (held-out split)" and chart["front"] == [
-        [p["metric"], p["size"]] for p in front["points"]]
+    assert chart["y"] == "accuracy (held-out split)" and [
+        [p["metric"], p["size"]] for p in chart["points"] if p["shown"]] == [
+        [p["metric"], p["size"]] for p in shown]
+    assert [m["label"] for m in chart["marks"]][0] == "FP32"
+    assert '<script src="/static/plotly.min.js"></script>' in page
+    _check_front_fields(client, job, run_dir / "front.json")
     report = client.get(f"/jobs/{job}/report")
     assert report.headers["content-type"].startswith("text/html") and "Plotly" in report.text
     header = report.text[:report.text.index("<nav>")]  # the upload's name, no server folder
@@ -616,6 +692,48 @@ def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
     assert sorted(p.name for p in (run_dir / "exports").iterdir()) == ["point-0.onnx"]
 
 
+def _check_front_fields(client: TestClient, job: str, path: Path) -> None:
+    """The page follows front.json's recommendation, ``shown`` flags and latency spreads
+    (written by the engine; here added to a real front.json, then the file is restored)."""
+    original = path.read_text()
+    front = json.loads(original)
+    assert front["latency_source"] == "measured" and len(front["points"]) >= 2
+    points = front["points"]
+    last = len(points) - 1
+    points[0].update(shown=False, beaten_by="uniform int8")
+    for p in points:
+        p.setdefault("shown", True)
+        p["latency_ms_interval"] = [p["latency_ms"] * 0.9, p["latency_ms"] * 1.1]
+    fp32_ms = front["fp32"]["latency_ms"]
+    front["fp32"]["latency_ms_interval"] = [fp32_ms * 0.95, fp32_ms * 1.05]
+    points[last]["latency_ms"] = fp32_ms * 1.02  # the spreads overlap: no speed claimed
+    points[last]["latency_ms_interval"] = [fp32_ms * 0.97, fp32_ms * 1.08]
+    front.update(recommended=last, recommendation=f"deploy point {last}: checked text",
+                 stopped="the front did not change in the last 20 trials")
+    path.write_text(json.dumps(front))
+    try:
+        page = client.get(f"/jobs/{job}").text
+    finally:
+        path.write_text(original)
+    assert ('<p id="recommendation" class="recommendation"><b>Recommendation:</b> deploy '
+            f"point {last}: checked text</p>") in page
+    assert ('<p id="stopped" class="note">The search stopped early: the front did not change '
+            "in the last 20 trials</p>") in page
+    assert f'value="{last}" id="point-{last}" checked>' in page
+    assert page.count(" checked>") == 1  # one point preselected
+    table = page.split('<tbody id="front-points">')[1].split("</tbody>")[0]
+    hidden = page.split('<table id="hidden">')[1].split("</table>")[0]
+    assert 'id="row-0"' not in table and 'id="row-0"' in hidden
+    assert '<td class="beaten-by">uniform int8</td>' in hidden
+    row = table.split(f'id="row-{last}"')[1].split("</tr>")[0]
+    low, high = fp32_ms * 0.97, fp32_ms * 1.08
+    assert (f'{fp32_ms * 1.02:.3g} ms <span class="spread">[{low:.3g}–{high:.3g}]</span>'
+            '<small class="words">as fast as FP32 (within the spread)</small>') in row
+    chart = json.loads(page.split('id="page-data">')[1].split("</script>")[0])["chart"]
+    assert chart["selected"] == last
+    assert [p["index"] for p in chart["points"] if not p["shown"]] == [0]
+
+
 # -- progress parsing and the CLI --------------------------------------------------------------
 def test_progress_is_read_as_data(tmp_path: Path) -> None:
     """The worker's reports reach the job page through progress.jsonl, a torn line skipped."""
@@ -646,6 +764,43 @@ def test_progress_is_read_as_data(tmp_path: Path) -> None:
     study.ask()  # a running trial is not finished
     points, finished = read_journal(journal)
     assert finished == 4 and pareto(points, higher=True) == [(0.8, 50.0), (0.9, 100.0)]
+
+
+def test_overall_progress_is_an_honest_estimate() -> None:
+    """The whole job's estimate: stages in order, the search's time left from its own trials
+    (an upper bound under patience, the held-out re-measure counted), none before it starts."""
+    from mpsearch.serve._progress import overall
+
+    spec = {"analysis": False, "seeding": True, "data": {"held_out": 0.5},
+            "budget": {"patience": 20}}
+    t0 = 1_000.0
+    records = [
+        {"stage": "calibrate", "done": 0, "total": 64, "elapsed": 0.0, "time": t0 + 1},
+        {"stage": "calibrate", "done": 64, "total": 64, "elapsed": 2.0, "time": t0 + 3},
+        {"stage": "group costs", "done": 5, "total": 20, "elapsed": 1.0, "time": t0 + 5}]
+    early = overall(records, kind="search", spec=spec, started="1970-01-01T00:16:40+00:00",
+                    trials=100, now=t0 + 6)
+    assert early["phases"] == ["loading and calibration", "seeding", "search",
+                               "held-out re-measure"]
+    assert (early["index"], early["elapsed"], early["left"], early["fraction"]) == (
+        1, 6.0, None, None)  # the search has not started: no time left is claimed
+    assert early["notes"] == ["the time left shows once the search's first trials finish"]
+    records += [{"stage": "search", "done": 10, "total": 100, "elapsed": 0.0, "time": t0 + 10},
+                {"stage": "search", "done": 30, "total": 100, "elapsed": 10.0,
+                 "time": t0 + 20}]
+    mid = overall(records, kind="search", spec=spec, started="1970-01-01T00:16:40+00:00",
+                  trials_done=30, trials=100, front_size=4, now=t0 + 20)
+    # 0.5 s a trial: 70 trials left, then 4 front points re-measured on as many samples
+    assert mid["index"] == 2 and mid["left"] == pytest.approx(0.5 * (70 + 4))
+    assert mid["upper"] is True and mid["fraction"] == pytest.approx(20 / (20 + 37))
+    assert "at most: the patience stop can end the search sooner" in mid["notes"]
+    no_patience = overall(records, kind="search", spec={**spec, "budget": {"patience": 0}},
+                          started="1970-01-01T00:16:40+00:00", trials_done=30, trials=100,
+                          front_size=4, now=t0 + 20)
+    assert no_patience["upper"] is False
+    resumed = overall(records, kind="search", spec=spec,  # an older run's records: ignored
+                      started="1970-01-01T00:17:05+00:00", trials=100, now=t0 + 27)
+    assert (resumed["index"], resumed["elapsed"], resumed["left"]) == (0, 2.0, None)
 
 
 def _serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], str]:

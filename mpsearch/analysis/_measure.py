@@ -14,8 +14,6 @@ survivors) instead of running the first samples again.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
@@ -27,6 +25,7 @@ import numpy as np
 import onnx
 
 from mpsearch.analysis._prefix import Cut, FloatPrefix
+from mpsearch.assignment import assignment_key
 from mpsearch.data import Dataset
 from mpsearch.evaluate import Evaluator, resolve_metric
 from mpsearch.quantize import Quantizer
@@ -105,12 +104,6 @@ def output_kl(reference: np.ndarray, outputs: np.ndarray) -> float | None:
         logq = out - out.max(axis=1, keepdims=True)
         logq -= np.log(np.exp(logq).sum(axis=1, keepdims=True))
     return float(np.mean(np.sum(np.exp(logp) * (logp - logq), axis=1)))
-
-
-def assignment_key(formats: Mapping[str, str]) -> str:
-    """Short stable key of the quantized part of an assignment (node -> format)."""
-    text = json.dumps(sorted(formats.items()), separators=(",", ":"))
-    return hashlib.sha1(text.encode()).hexdigest()[:20]
 
 
 @dataclass(slots=True)

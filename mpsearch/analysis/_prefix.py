@@ -35,9 +35,8 @@ __all__ = ["PREFIX_BUDGET_BYTES", "RUN_AT_MOST", "Cut", "FloatPrefix"]
 
 logger = logging.getLogger(__name__)
 
-#: Memory for the kept FP32 tensors of one batch (which: :meth:`FloatPrefix._wanted`). Measured
-#: on 46 single-node rows of YOLOv8n at 320x320, 32 samples: 20.1 s with 256 MB, 14.8 s with
-#: 512 MB (its early tensors fit), 12.3 s with 1 GB.
+#: Memory for the kept FP32 tensors of one batch (which: :meth:`FloatPrefix._wanted`): enough
+#: for a detector's early, large tensors at 320x320 (benchmarks/RESULTS.md, "Prefix reuse").
 PREFIX_BUDGET_BYTES = 512 << 20
 #: A candidate whose changed part (with the FP32 nodes it recomputes) is more than this share
 #: of its nodes runs whole: a second session would cost more than the nodes it skips.
@@ -80,10 +79,8 @@ class FloatPrefix:
         nodes (a candidate then recomputes no Conv or MatMul upstream of what it changes),
         then the tensors quantizable nodes read (a one-node candidate starts at its node),
         then the rest, the smallest first in each: a network's narrow tensors (block outputs,
-        a transformer's residual stream) cut it into short spans. Measured on 46-98 one-node
-        rows against the smallest first alone: Magika 4.8 -> 3.6 s, YOLOv8n 14.2 -> 12.4 s,
-        MobileNetV2 equal. Sizes are weighed on one sample with every activation exposed (as
-        calibration weighs one)."""
+        a transformer's residual stream) cut it into short spans. Sizes are weighed on one
+        sample with every activation exposed (as calibration weighs one)."""
         graph = self.graph
         activations = [o for name in graph.order for o in graph.proto(name).output if o]
         session = create_session(graph.model, threads=threads, extra_outputs=activations,

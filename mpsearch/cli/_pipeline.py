@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from mpsearch.cli._progress import BarProgress
 
@@ -74,10 +75,32 @@ def _search(args: argparse.Namespace) -> int:
         latency = "-" if p.latency is None else f"{p.latency:.2f}x"
         counts = ", ".join(f"{k} {v}" for k, v in sorted(p.counts.items()))
         print(f"{p.index:>5} {p.metric:>9.4f} {_kb(p.size):>12} {latency:>8}  {counts}")
+    _print_targets(front.points)
     if not args.no_report:
         _report(run.run_dir)
     print(f"\nexport:  mpsearch export {run.run_dir} --point K --out model.onnx")
     return 0 if front.points else 1
+
+
+def _print_targets(points: Any) -> None:
+    """The front re-measured on the profile's toolchain (``verify: toolchain`` or ``front``)."""
+    checked = [p for p in points if p.target_placement is not None]
+    if not checked:
+        return
+    first = checked[0].target_placement
+    print(f"\non {first.get('toolchain')} ({first.get('version', '')}), held-out:")
+    print(f"{'point':>5} {'ORT':>9} {'target':>9} {'diff':>8} {'on CPU':>6} {'cycles':>10}")
+    for p in checked:
+        placed = p.target_placement
+        if p.target_metric is None:
+            print(f"{p.index:>5} {p.metric:>9.4f}  not compiled: {placed.get('error')}")
+            continue
+        cycles = (p.target_cost or {}).get("cycles")
+        print(f"{p.index:>5} {p.metric:>9.4f} {p.target_metric:>9.4f} "
+              f"{p.target_metric - p.metric:>+8.4f} {len(placed['fallback']):>6} "
+              f"{'-' if cycles is None else f'{cycles:.0f}':>10}")
+        for node in placed["fallback"]:
+            print(f"      cpu  {node['node']}: {node['reason']}")
 
 
 def _report(run_dir: Path) -> None:
@@ -91,7 +114,7 @@ def _report(run_dir: Path) -> None:
 def _export(args: argparse.Namespace) -> int:
     from mpsearch.pipeline import export_point
 
-    result = export_point(args.run_dir, args.point, args.out)
+    result = export_point(args.run_dir, args.point, args.out, target=args.target)
     fp32 = result.fp32
     print(f"wrote    {result.path} (front point {args.point})")
     print(f"size     {_kb(result.size)} vs FP32 {_kb(result.fp32_size)} "
@@ -102,6 +125,15 @@ def _export(args: argparse.Namespace) -> int:
           f"ms (batch 1)")
     if result.point is not None:
         print(f"front    {result.point.metric:.4f}; re-measured {result.evaluation.value:.4f}")
+    if result.target_placement is not None and result.target_metric is not None:
+        placed = result.target_placement
+        print(f"target   {result.target_artifact} ({placed['toolchain']}, {placed['version']})")
+        print(f"         {result.evaluation.primary}"
+              f" {result.target_metric:.4f} on the target vs {result.evaluation.value:.4f} in "
+              f"ONNX Runtime; {placed['on_accelerator']} of {placed['nodes']} nodes on the "
+              f"accelerator; cost {dict(result.target_cost or {})}")
+        for node in placed["fallback"]:
+            print(f"         cpu  {node['node']}: {node['reason']}")
     return 0
 
 
@@ -143,5 +175,8 @@ def add_pipeline_parsers(commands: argparse._SubParsersAction) -> None:  # type:
     export.add_argument("run_dir")
     export.add_argument("--point", type=int, required=True)
     export.add_argument("--out", required=True)
+    export.add_argument("--target", action="store_true",
+                        help="also write the profile toolchain's artifact beside it "
+                             "(QNN context binary, .rknn, Vela TFLite)")
     export.set_defaults(func=_export)
 

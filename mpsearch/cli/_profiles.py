@@ -1,4 +1,5 @@
-"""``mpsearch profiles list | show | validate``: thin CLI over :mod:`mpsearch.profiles`."""
+"""``mpsearch profiles list | show | validate | check``: thin CLI over :mod:`mpsearch.profiles`
+and, for ``check``, the pipeline's toolchain probes."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ __all__ = ["add_profiles_parser"]
 
 
 def add_profiles_parser(subparsers: Any) -> None:
-    """Register ``profiles list``, ``profiles show`` and ``profiles validate``."""
+    """Register ``profiles list``, ``show``, ``validate`` and ``check``."""
     profiles = subparsers.add_parser("profiles", help="list, show or validate hardware profiles")
     commands = profiles.add_subparsers(dest="profiles_command", required=True,
                                        metavar="SUBCOMMAND")
@@ -33,6 +34,15 @@ def add_profiles_parser(subparsers: Any) -> None:
     validate = commands.add_parser("validate", help="check profile files strictly")
     validate.add_argument("files", metavar="FILE", nargs="+", help="profile YAML files")
     validate.set_defaults(func=_validate)
+    check = commands.add_parser("check", help="run the profile's toolchain over op x format "
+                                "probes and report where it disagrees with the profile")
+    check.add_argument("profile", metavar="NAME_OR_PATH", help="shipped name or YAML file")
+    check.add_argument("--ops", help="comma-separated op types (default: every listed op "
+                       "that has a probe, and Erf)")
+    check.add_argument("--all", action="store_true", help="print every probe, not only "
+                       "the disagreements")
+    check.add_argument("--json", action="store_true", help="print the probes as JSON")
+    check.set_defaults(func=_check)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -64,6 +74,42 @@ def _validate(args: argparse.Namespace) -> int:
             return 2
         print(f"ok {file}")
     return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    """Exit 0 when the toolchain agrees with every probed claim, 1 when it does not."""
+    from mpsearch.pipeline import check_profile_claims
+
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
+
+    def progress(what: str) -> None:
+        if not args.json:
+            print(f"  probing {what}", file=sys.stderr, end="\r", flush=True)
+
+    profile, version, results = check_profile_claims(args.profile, ops=ops, progress=progress)
+    wrong = [r for r in results if not r.agrees]
+    if args.json:
+        print(json.dumps({"profile": profile.name, "toolchain": version,
+                          "settings": dict(profile.toolchain.settings)
+                          if profile.toolchain else {},
+                          "probes": [{**{k: getattr(r, k) for k in (
+                              "op_type", "format", "claimed", "unit", "precision", "expected",
+                              "error", "reason")}, "agrees": r.agrees} for r in results]},
+                         indent=2))
+        return 1 if wrong else 0
+    settings = dict(profile.toolchain.settings) if profile.toolchain else {}
+    print(f"{profile.name}: {len(results)} probes with {version} {settings}", " " * 20)
+    print(f"{'op':<22} {'format':<7} {'profile':<12} {'toolchain':<12} {'precision':<9} "
+          f"{'error':>7}  verdict")
+    for r in results:
+        if r.agrees and not args.all:
+            continue
+        error = "-" if r.error is None else f"{r.error:.4f}"
+        verdict = "ok" if r.agrees else "DISAGREES"
+        print(f"{r.op_type:<22} {r.format:<7} {r.claimed:<12} {r.unit:<12} {r.precision:<9} "
+              f"{error:>7}  {verdict}{': ' + r.reason if r.reason and not r.agrees else ''}")
+    print(f"{len(wrong)} of {len(results)} probes disagree with the profile")
+    return 1 if wrong else 0
 
 
 def _format_line(fmt: Format) -> str:

@@ -3,13 +3,22 @@
 Thin CLI over :func:`mpsearch.serve.create_app`: binds the socket (loopback unless told
 otherwise), prints the address with this start's access token (``?token=``, as Jupyter does)
 and runs uvicorn until Ctrl-C or SIGTERM, then prints "stopped" and exits 0.
+
+uvicorn has no header timeout, so a client sending half a request would hold its connection
+forever (slowloris). :func:`guarded_protocol` is uvicorn's h11 protocol with one added: a
+connection must finish its request headers within :data:`HEADER_TIMEOUT_S` of opening (or of
+its previous response), and at most :data:`MAX_WAITING` connections may wait for headers at
+once: past that the oldest is closed (a real browser sends its headers at once, so it is
+never the oldest). Request bodies that pause are cut by :mod:`mpsearch.serve`'s guard.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import signal
 import socket
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +27,8 @@ from mpsearch.errors import MpsearchError
 __all__ = ["LOOPBACK", "add_serve_parser", "bind", "handler"]
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+HEADER_TIMEOUT_S = 10.0
+MAX_WAITING = 256
 
 
 class _Terminated(Exception):
@@ -65,6 +76,55 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def guarded_protocol(header_timeout_s: float = HEADER_TIMEOUT_S,
+                     max_waiting: int = MAX_WAITING) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with a header timeout and a cap on connections waiting for
+    their headers (see the module doc)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    waiting: OrderedDict[Any, asyncio.TimerHandle] = OrderedDict()
+
+    class Guarded(H11Protocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._check()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._check()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._check()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._done()
+            super().connection_lost(exc)
+
+        def _check(self) -> None:
+            if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
+                self._done()
+            elif self not in waiting:  # the deadline runs from the first byte awaited
+                waiting[self] = self.loop.call_later(header_timeout_s, self._expire)
+                while len(waiting) > max_waiting:
+                    oldest, timer = waiting.popitem(last=False)
+                    timer.cancel()
+                    oldest.transport.close()
+
+        def _done(self) -> None:
+            timer = waiting.pop(self, None)
+            if timer is not None:
+                timer.cancel()
+
+        def _expire(self) -> None:
+            waiting.pop(self, None)
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+    return Guarded
+
+
 def handler(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -82,7 +142,7 @@ def handler(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     server = uvicorn.Server(uvicorn.Config(create_app(config), log_level="warning",
-                                           lifespan="on"))
+                                           lifespan="on", http=guarded_protocol()))
     print(f"mpsearch serve: http://{shown}:{port}/?token={config.token}  (work directory "
           f"{workdir}; Ctrl-C stops)", flush=True)
     if not loopback:

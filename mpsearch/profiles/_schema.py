@@ -25,11 +25,13 @@ from mpsearch.profiles._types import (
     RUNTIMES,
     SCALES,
     SCHEMA_VERSION,
+    TOOLCHAIN_SETTINGS,
     WEIGHT_DTYPES,
     Format,
     HardwareProfile,
     OpRule,
     TensorFormat,
+    ToolchainRef,
 )
 
 __all__ = ["list_shipped", "read_profile", "resolve_profile", "shipped_profile_path"]
@@ -39,7 +41,7 @@ logger = logging.getLogger(__name__)
 UNKNOWN = ("unknown",)
 TOP_KEYS = ("schema", "name", "extends", "description", "versions", "sources", "formats",
             "default_format", "cost_reference", "fallback", "unlisted_ops", "op_rules",
-            "transition_cost", "memory_budget_bytes", "runtime", "unknowns")
+            "transition_cost", "memory_budget_bytes", "runtime", "toolchain", "unknowns")
 REQUIRED_TOP = ("description", "versions", "sources", "formats", "default_format", "fallback",
                 "op_rules", "transition_cost", "memory_budget_bytes")
 FORMAT_KEYS = ("activation", "weight", "bias", "executes", "relative_cost")
@@ -188,11 +190,30 @@ def build_profile(root: Section, path: Path) -> HardwareProfile:
         "transition_cost": root.get_float("transition_cost", minimum=0.0, unknown=UNKNOWN),
         "memory_budget_bytes": root.get_int("memory_budget_bytes", minimum=0, unknown=UNKNOWN),
         "runtime": root.get_str("runtime", None, choices=RUNTIMES),
+        "toolchain": _parse_toolchain(root),
     }
     unknowns = _unknowns(root.get_str_list("unknowns", ()), formats, rules, fields)
     return HardwareProfile(formats=formats, default_format=default, cost_reference=reference,
                            unlisted_ops=unlisted, op_rules=rules, unknowns=unknowns,
                            path=str(path), **fields)
+
+
+def _parse_toolchain(root: Section) -> ToolchainRef | None:
+    """``toolchain: {name: qnn, htp_arch: 73}``: a known name and only its settings."""
+    if "toolchain" not in root:
+        return None
+    sec = root.section("toolchain")
+    name = sec.get_str("name", choices=tuple(TOOLCHAIN_SETTINGS))
+    known = TOOLCHAIN_SETTINGS[name]
+    sec.check_keys(("name", *known), required=("name",))
+    settings: dict[str, Any] = {}
+    for key in known:
+        if key in sec:
+            value = sec.data[key]
+            if not isinstance(value, (str, int, float, bool)):
+                sec.fail(key, f"{sec.path(key)} must be a string or a number, got {value!r}")
+            settings[key] = value
+    return ToolchainRef(name=name, settings=settings)
 
 
 def _unknowns(notes: tuple[str, ...], formats: dict[str, Format], rules: dict[str, OpRule],

@@ -39,6 +39,7 @@ __all__ = [
     "NodeLike",
     "OpRule",
     "TensorFormat",
+    "ToolchainRef",
     "list_profiles",
     "load_profile",
     "validate_profile_file",
@@ -57,6 +58,14 @@ FALLBACKS = ("per_op", "after_first_unsupported", "error")
 #: Runtimes a profile may name as the target's own (``runtime``): its latency can then be
 #: measured on a host of the same kind instead of estimated.
 RUNTIMES = ("onnxruntime-cpu",)
+#: Target toolchains a profile may name (``toolchain.name``), with the settings each takes
+#: (mpsearch/targets/: qnn = onnxruntime-qnn's HTP emulator, rknn = rknn-toolkit2's simulator,
+#: vela = Arm's Ethos-U compiler).
+TOOLCHAIN_SETTINGS: Mapping[str, tuple[str, ...]] = {
+    "qnn": ("htp_arch", "soc_model", "offload_graph_io_quantization"),
+    "rknn": ("target_platform",),
+    "vela": ("accelerator_config", "system_config", "memory_mode"),
+}
 
 _INT_DTYPES = ("int8", "uint8", "int16", "uint16")
 _BITS = {"int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "float16": 16, "float32": 32}
@@ -245,6 +254,27 @@ class NodeLike(Protocol):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ToolchainRef:
+    """The vendor toolchain that checks a profile (``toolchain:`` in the YAML): its name in
+    :data:`TOOLCHAIN_SETTINGS` and the settings it is run with (chip generation, platform,
+    accelerator configuration)."""
+
+    name: str
+    settings: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_choice("toolchain", "name", self.name, tuple(TOOLCHAIN_SETTINGS))
+        unknown = sorted(set(self.settings) - set(TOOLCHAIN_SETTINGS[self.name]))
+        if unknown:
+            raise ProfileError(f"toolchain {self.name}: unknown setting(s) {unknown}; known: "
+                               f"{', '.join(TOOLCHAIN_SETTINGS[self.name])}")
+        object.__setattr__(self, "settings", _frozen_map(self.settings))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **self.settings}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HardwareProfile:
     """A target: its formats, per-op rules, fallback behaviour and cost model.
 
@@ -257,6 +287,8 @@ class HardwareProfile:
     ``runtime`` names the target's runtime when a host can run it as the target does
     (``onnxruntime-cpu``: ONNX Runtime's CPU execution provider on an x86 CPU), so latency is
     timed rather than estimated (:func:`mpsearch.profiles.measures_latency`); None otherwise.
+    ``toolchain`` names the vendor toolchain that can compile, place and emulate the target's
+    models (:mod:`mpsearch.targets`), with its settings; None when there is none on the index.
     """
 
     name: str
@@ -273,6 +305,7 @@ class HardwareProfile:
     memory_budget_bytes: int | None
     unknowns: tuple[str, ...] = ()
     runtime: str | None = None
+    toolchain: ToolchainRef | None = None
     path: str | None = None
 
     def __post_init__(self) -> None:
@@ -413,6 +446,7 @@ class HardwareProfile:
             "transition_cost": self.transition_cost,
             "memory_budget_bytes": self.memory_budget_bytes, "unknowns": list(self.unknowns),
             **({"runtime": self.runtime} if self.runtime is not None else {}),
+            **({"toolchain": self.toolchain.to_dict()} if self.toolchain is not None else {}),
         }
 
 

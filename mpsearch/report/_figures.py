@@ -5,7 +5,7 @@ report's loader normalized from it) and returns a plain ``{"data": [...], "layou
 dict that plotly.js draws as is. Nothing here imports plotly; tests check the dicts.
 Text that plotly renders (tick labels, hover text, titles) goes through ``esc``, because
 plotly interprets a small HTML subset and node names come from user models. The palette, the
-base layout and axes, ``esc`` and the rounding come from :mod:`mpsearch._report_page`.
+base layout and axes, ``esc`` and the rounding come from :mod:`mpsearch.report._page`.
 """
 
 from __future__ import annotations

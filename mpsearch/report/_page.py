@@ -1,7 +1,7 @@
 """The page of the HTML report and the look it shares with its figures.
 
 Consumes the parsed run files and the payload :mod:`mpsearch.report` built (figure dicts from
-:mod:`mpsearch._report_figures`, the Pareto front's table data); produces the HTML document:
+:mod:`mpsearch.report._figures`, the Pareto front's table data); produces the HTML document:
 the CSS, the script that draws the charts, swaps the node shown in the distribution view and
 fills the selected Pareto point's table, and the HTML of each section. A section whose file is
 missing says "not run". Every text from the run (node names come from user models) is escaped.
@@ -18,6 +18,8 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from mpsearch.report._target import target_html
 
 __all__ = ["CLASS_COLORS", "MAX_BINS", "axis", "esc", "format_color", "layout", "node_axis",
            "rebin", "render_page", "rounded", "size_unit"]
@@ -416,6 +418,9 @@ def render_page(files: Mapping[str, Any], payload: Mapping[str, Any],
         ("front", "Pareto front", _front_html(charts, payload["front"],
                                               files.get("front.json") or {})),
     ]
+    target = target_html(files.get("front.json") or {})
+    if target is not None:  # the run's front as the profile's toolchain ran it
+        sections.append(("target", "On the target", target))
     nav = "".join(f'<a href="#{i}">{esc(t)}</a>' for i, t, _ in sections)
     body = "".join(f'<section id="{i}"><h2>{esc(t)}</h2>{b}</section>' for i, t, b in sections)
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '

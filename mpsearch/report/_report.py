@@ -6,7 +6,7 @@ produces one HTML file that works offline: plotly.js is embedded once, the data 
 small script draws the charts, swaps the node shown in the distribution view and fills the
 selected Pareto point's assignment table and export command. A section whose file is missing
 says "not run". This module loads and normalizes the run files; the figures come from
-:mod:`mpsearch._report_figures`, the page around them from :mod:`mpsearch._report_page`.
+:mod:`mpsearch.report._figures`, the page around them from :mod:`mpsearch.report._page`.
 """
 
 from __future__ import annotations

@@ -186,7 +186,7 @@ def seed_assignments(
 
     The knapsack budgets grow geometrically from 2 % to 50 % of the bytes between the smallest
     and the largest model, so the seeds reach the sizes just above the smallest, where a few
-    promoted groups buy the most (on MobileNetV2 2 % is 1.05x the INT8 size)."""
+    promoted groups buy the most."""
     seeds: list[Seed] = []
     lowest = {g.name: g.formats[0] for g in groups}
     every = sorted({f for g in groups for f in g.formats}, key=lambda f: profile.format(f).rank)

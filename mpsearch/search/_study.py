@@ -101,9 +101,12 @@ class _Objective:
     """Turns a trial into (metric, size[, latency]) with caching, repair and early pruning."""
 
     def __init__(self, measurer: Measurer, summary: ModelSummary, spec: SearchSpec,
-                 groups: Sequence[Group], min_metric: float | None, max_size: int | None
-                 ) -> None:
+                 groups: Sequence[Group], min_metric: float | None, max_size: int | None,
+                 refusal: Callable[[Assignment], str | None] | None = None) -> None:
         self.measurer = measurer
+        #: Why the target would not run an assignment wholly on its accelerator (None: it
+        #: would); such a trial is infeasible (``verify: toolchain``).
+        self.refusal = refusal
         self.graph = measurer.quantizer.graph
         self.profile = measurer.quantizer.profile
         self.summary = summary
@@ -175,6 +178,10 @@ class _Objective:
         assignment = make_assignment(self.graph, self.profile, formats)
         key = assignment.key()
         trial.set_user_attr("assignment", assignment.to_dict())
+        why = None if self.refusal is None else self.refusal(assignment)
+        if why is not None:
+            trial.set_user_attr("rejected", why)
+            raise optuna.TrialPruned(why)
         if key in self.cache:
             trial.set_user_attr("cached", True)
             trial.set_user_attr("metric", self.metrics[key])
@@ -293,9 +300,8 @@ SQNR_CAP = 1000.0
 #: size beats it by more than a slack (:meth:`_Objective.sqnr_slack`): SQNR_SLACK_DB *
 #: sqrt(SQNR_SLACK_SAMPLES / n) dB until RACE_CALIBRATION completed trials passed that stage,
 #: then RACE_SAFETY times the largest rise from the stage to the final score they showed, at
-#: least RACE_FLOOR_DB. Measured (benchmarks/RESULTS.md, "Racing"): the largest rise from 32
-#: of 128 samples was 0.84 dB on MobileNetV2 and 1.0 dB on Magika, from 64 samples 0.20 and
-#: 2.76 dB.
+#: least RACE_FLOOR_DB, so the race is as tight as the model's own sample-to-sample noise
+#: allows (the rises measured on real models: benchmarks/RESULTS.md, "Racing").
 SQNR_SLACK_DB = 3.0
 SQNR_SLACK_SAMPLES = 32
 RACE_CALIBRATION = 10
@@ -370,8 +376,11 @@ def run_search(
     measurer: Measurer, summary: ModelSummary, spec: SearchSpec, *, run_dir: Path,
     resume: bool = False, inputs: Mapping[str, str] | None = None,
     progress: Reporter | None = None,
+    refusal: Callable[[Assignment], str | None] | None = None,
 ) -> SearchResult:
-    """Run (or resume) the search until the study holds ``spec.trials`` finished trials."""
+    """Run (or resume) the search until the study holds ``spec.trials`` finished trials;
+    ``refusal``: why the target would not take an assignment (None: it would), making that
+    trial infeasible."""
     graph, profile = measurer.quantizer.graph, measurer.quantizer.profile
     groups = group_nodes(graph, profile, spec.formats)
     if not groups:
@@ -388,7 +397,7 @@ def run_search(
     if spec.use_memory_budget and profile.memory_budget_bytes is not None:
         budget = profile.memory_budget_bytes
         max_size = budget if max_size is None else min(max_size, budget)
-    objective = _Objective(measurer, summary, spec, groups, min_metric, max_size)
+    objective = _Objective(measurer, summary, spec, groups, min_metric, max_size, refusal)
     directions = ["maximize" if objective.score_higher else "minimize", "minimize"]
     if "latency" in spec.objectives:
         directions.append("minimize")

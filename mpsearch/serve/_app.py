@@ -1,8 +1,8 @@
 """``mpsearch serve``: a local web interface over the Python API (Starlette, run by uvicorn).
 
 Consumes a work directory and requests from a browser; produces uploads
-(``WORKDIR/uploads/``, :mod:`mpsearch._serve_store`), jobs whose run directories are the CLI's
-(``WORKDIR/runs/{id}/``, :mod:`mpsearch._serve_jobs`), and pages: the model summary as soon as
+(``WORKDIR/uploads/``, :mod:`mpsearch.serve._store`), jobs whose run directories are the CLI's
+(``WORKDIR/runs/{id}/``, :mod:`mpsearch.serve._jobs`), and pages: the model summary as soon as
 a model is uploaded, the profile's formats and op rules, the data and quantization form, live
 job progress and the results (the run's report with its charts, the Pareto front, each point's
 QDQ model and the job's ``spec.yaml`` to rerun it from the CLI).
@@ -17,6 +17,7 @@ headers are refused when ``allowed_hosts`` is set; request bodies are capped (41
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import shutil
@@ -45,28 +46,26 @@ from starlette.staticfiles import StaticFiles
 
 from mpsearch.errors import MpsearchError
 from mpsearch.rundir import RunDir
+from mpsearch.serve import _assets as assets
 from mpsearch.serve import _pages as pages
 from mpsearch.serve._access import Access, new_token
 from mpsearch.serve._choices import Choices, bundled_files, demo_names
 from mpsearch.serve._http import Guard, error_handlers, error_response, wants_json
 from mpsearch.serve._job_pages import job_page, model_page
-from mpsearch.serve._jobs import ACTIVE, Job, JobQueue
-from mpsearch.serve._progress import job_progress
+from mpsearch.serve._jobs import ACTIVE, Job, JobQueue, job_title
+from mpsearch.serve._progress import job_progress, read_journal
 from mpsearch.serve._spec import (
-    JobConfig,
     image_options,
     metric_names,
     parse_form,
     write_spec,
 )
 from mpsearch.serve._store import Store, Upload, UploadError, valid_id
+from mpsearch.serve._summaries import analysis_headline, job_summary
 
 __all__ = ["ServeConfig", "bundled_files", "create_app"]
 
 logger = logging.getLogger(__name__)
-
-STATIC = Path(__file__).parent.parent / "static"
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServeConfig:
@@ -90,6 +89,7 @@ class _App:
         self.choices = Choices(self.store)
         self.queue = JobQueue(config.workdir, max_running=config.max_running,
                               poll_s=config.poll_s)
+        self.bundling = asyncio.Lock()  # two clicks on "open the demo" make one entry
 
     # -- helpers -------------------------------------------------------------------------
     async def _form(self, request: Request) -> tuple[dict[str, str], UploadFile | None]:
@@ -139,10 +139,15 @@ class _App:
     # -- pages ---------------------------------------------------------------------------
     async def index(self, request: Request, error: UploadError | None = None,
                     status: int = 200) -> Response:
-        html = pages.index_page(self.store.list("models"), self.queue.list(),
+        jobs = self.queue.list()
+        summaries = await run_in_threadpool(self._summaries, jobs)
+        html = pages.index_page(self.store.list("models"), jobs,
                                 list(bundled_files()[0]), self.config.max_upload_bytes, error,
-                                demo=demo_names())
+                                demo=demo_names(), summaries=summaries)
         return HTMLResponse(html, status_code=status)
+
+    def _summaries(self, jobs: tuple[Job, ...]) -> dict[str, dict[str, str]]:
+        return {j.id: job_summary(j, self.queue.run_dir(j.id)) for j in jobs}
 
     async def upload_model(self, request: Request) -> Response:
         _, upload = await self._form(request)
@@ -162,8 +167,11 @@ class _App:
         if source is None:
             return await self.index(request, UploadError("no such bundled model"), 404)
         label = "demo" if source.name in demo_names() else "test fixture"
-        model = await run_in_threadpool(self.store.add_bundled, "models", source, source.name,
-                                        None, label)
+        async with self.bundling:
+            model = self.choices.opened(source, label)
+            if model is None:
+                model = await run_in_threadpool(self.store.add_bundled, "models", source,
+                                                source.name, None, label)
         return self._created(request, f"/models/{model.id}", model.to_dict())
 
     async def model(self, request: Request) -> Response:
@@ -221,7 +229,7 @@ class _App:
             config = parse_form(fields, model=model.path, data=data.path, profile=profile,
                                 labels=bool(data.info.get("labels", True)))
             job_id, run_dir = self.queue.new_run_dir()
-            title = _title(len(self.queue.list()) + 1, config, model, label)
+            title = job_title(self.queue.number(job_id), config, model, label)
             commands = await run_in_threadpool(write_spec, run_dir, config, title=title,
                                                name=model.name)
         except UploadError as err:
@@ -235,7 +243,7 @@ class _App:
             id=job_id, kind=config.kind, title=title, model=model.id, model_name=model.name,
             profile=label,
             trials=config.trials if config.kind == "search" else None,
-            higher_is_better=_higher(config), commands=commands))
+            higher_is_better=config.metric != "mse", commands=commands))
         return self._created(request, f"/jobs/{job.id}", job.to_dict())
 
     async def profile_card(self, request: Request) -> Response:
@@ -246,16 +254,19 @@ class _App:
         return HTMLResponse(card)
 
     async def jobs(self, request: Request) -> Response:
+        jobs = self.queue.list()
+        summaries = await run_in_threadpool(self._summaries, jobs)
         if wants_json(request):
-            return JSONResponse({"jobs": [j.to_dict() for j in self.queue.list()]})
-        return HTMLResponse(pages.page("Jobs", pages.jobs_table(self.queue.list())))
+            return JSONResponse({"jobs": [{**j.to_dict(), "summary": summaries[j.id]}
+                                          for j in jobs]})
+        return HTMLResponse(pages.jobs_page(jobs, summaries))
 
     def _status(self, job: Job) -> dict[str, Any]:
         run_dir = self.queue.run_dir(job.id)
         progress = None
         if job.state == "running":
             progress = job_progress(run_dir, kind=job.kind, trials=job.trials,
-                                    higher_is_better=job.higher_is_better)
+                                    higher_is_better=job.higher_is_better, started=job.started)
         return {"job": job.to_dict(), "progress": progress,
                 "position": self.queue.position(job.id)}
 
@@ -266,11 +277,14 @@ class _App:
             return JSONResponse(status)
         results = await run_in_threadpool(self.choices.results, job, self.queue.run_dir(job.id))
         run_dir = self.queue.run_dir(job.id)
+        headline = (await run_in_threadpool(analysis_headline, run_dir)
+                    if job.kind != "search" and job.state == "done" else None)
         html = job_page(job, progress=status["progress"], **results,
                         has_report=job.state not in ACTIVE
                         and RunDir(run_dir).report_html.is_file(),
                         has_profile=RunDir(run_dir).hw_profile_yaml.is_file(),
-                        run_dir=str(run_dir), position=status["position"])
+                        run_dir=str(run_dir), position=status["position"],
+                        headline=headline)
         return HTMLResponse(html)
 
     async def cancel(self, request: Request) -> Response:
@@ -279,6 +293,13 @@ class _App:
 
     async def resume(self, request: Request) -> Response:
         job = self.queue.resume(request.path_params["id"])
+        return self._created(request, f"/jobs/{job.id}", job.to_dict())
+
+    async def finish(self, request: Request) -> Response:
+        job = self.queue.get(request.path_params["id"])
+        _, finished = await run_in_threadpool(read_journal, self.queue.run_dir(job.id) /
+                                              "study.journal")
+        job = await run_in_threadpool(self.queue.finish, job.id, finished)
         return self._created(request, f"/jobs/{job.id}", job.to_dict())
 
     async def job_file(self, request: Request) -> Response:
@@ -315,18 +336,6 @@ class _App:
 def _model_url(model: Upload, **query: str | None) -> str:
     kept = urlencode({k: v for k, v in query.items() if v})
     return f"/models/{model.id}" + (f"?{kept}" if kept else "")
-
-
-def _title(number: int, config: JobConfig, model: Upload, profile: str) -> str:
-    """A job's name, told apart from the others: number, kind, model, profile, trials."""
-    trials = f", {config.trials} trials" if config.kind == "search" else ""
-    uploaded = model.created[11:16]
-    return (f"#{number} {config.kind} of {model.name} (uploaded {uploaded} UTC) on "
-            f"{profile}{trials}")
-
-
-def _higher(config: JobConfig) -> bool:
-    return config.metric != "mse"
 
 
 def create_app(config: ServeConfig) -> Starlette:
@@ -369,13 +378,16 @@ def create_app(config: ServeConfig) -> Starlette:
         Route("/jobs/{id}", checked(app.job)),
         Route("/jobs/{id}/cancel", checked(app.cancel), methods=["POST"]),
         Route("/jobs/{id}/resume", checked(app.resume), methods=["POST"]),
+        Route("/jobs/{id}/finish", checked(app.finish), methods=["POST"]),
         Route("/jobs/{id}/export", checked(app.export)),
         Route("/jobs/{id}/{name}", checked(app.job_file)),
         Route("/api/jobs", checked(app.jobs)),
         Route("/api/jobs/{id}", checked(app.job)),
         Route("/api/models/{id}", checked(app.model)),
         Route("/api/profiles", checked(app.profiles_api)),
-        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        Route("/favicon.ico", assets.favicon),
+        Route("/static/plotly.min.js", assets.plotly),
+        Mount("/static", StaticFiles(directory=assets.STATIC), name="static"),
     ]
     access = Access(config.token, config.allowed_hosts or None)
     middleware = [Middleware(Guard, max_bytes=config.max_upload_bytes, access=access)]

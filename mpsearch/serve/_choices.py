@@ -73,16 +73,33 @@ class Choices:
                           "pick one from the list")
 
     def data(self, model: Upload) -> list[tuple[str, str]]:
+        """The data the job form offers for ``model``: its own uploads, then the data bundled
+        with it (the demo's for the demo, the test fixtures' for a test fixture, none for
+        a model of the user's); nothing is preselected that was not made for the model."""
         own = [(u.id, f"{u.name} ({u.info.get('samples')} samples"
                 f"{', labels' if u.info.get('labels') else ''})")
                for u in self.store.list("data") if u.info.get("model") == model.id]
-        demo = model.info.get("bundled") == "demo"
-        names = sorted(bundled_files()[1], key=lambda n: (n not in demo_names(), n))
-        bundled = [(f"bundled:{n}", f"bundled {n} (" + ("the demo's data)" if n in demo_names()
-                                                        else "test fixture)")) for n in names]
-        if own or demo:
+        kind = model.info.get("bundled")
+        demo = set(demo_names())
+        if kind == "demo":
+            bundled = [(f"bundled:{n}", f"bundled {n} (the demo's data)")
+                       for n in sorted(bundled_files()[1]) if n in demo]
+        elif kind == "test fixture":
+            bundled = [(f"bundled:{n}", f"bundled {n} (test fixture)")
+                       for n in sorted(bundled_files()[1]) if n not in demo]
+        else:
+            bundled = []
+        if own or kind == "demo":
             return own + bundled
-        return [("", "upload data in step 3 first"), *bundled]  # preselect nothing foreign
+        return [("", "upload data in step 3 first"), *bundled]
+
+    def opened(self, source: Path, label: str) -> Upload | None:
+        """The copy of the bundled model ``source`` already opened, if any (same name, kind
+        and file size): opening it again reuses it."""
+        size = source.stat().st_size
+        return next((m for m in self.store.list("models")
+                     if m.info.get("bundled") == label and m.name == source.name
+                     and m.info.get("file_bytes") == size), None)
 
     def resolve_data(self, ref: str, model: Upload) -> Upload:
         if not ref:

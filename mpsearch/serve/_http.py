@@ -3,12 +3,14 @@
 Consumes requests and exceptions; produces responses: JSON ``{"error": message}`` for API
 clients and an HTML page otherwise, one line each (a traceback only reaches the server log).
 :class:`Guard` applies the access rules of :mod:`mpsearch.serve._access` (token, Host,
-cross-site: 400/403), caps request bodies (413) and adds the security headers, including a
-content security policy that lets pages load nothing from other origins.
+cross-site: 400/403), caps request bodies (413), their pauses and their rate (408) and adds
+the security headers to every response, refusals included, with a content security policy
+that lets pages load nothing from other origins.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -24,7 +26,8 @@ from mpsearch.serve import _pages as pages
 from mpsearch.serve._access import Access
 from mpsearch.serve._store import UploadError
 
-__all__ = ["CSP", "Guard", "error_handlers", "error_response", "wants_json"]
+__all__ = ["BODY_IDLE_S", "BODY_MIN_RATE", "CSP", "Guard", "error_handlers", "error_response",
+           "wants_json"]
 
 logger = logging.getLogger("mpsearch.serve")
 
@@ -32,6 +35,11 @@ CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline' 'unsafe-eval'; sty
        "'unsafe-inline'; img-src 'self' data: blob:; font-src 'self' data:; connect-src 'self'; "
        "frame-ancestors 'self'; object-src 'none'; base-uri 'none'; form-action 'self'")
 _FORM_SLACK = 64 * 1024  # multipart headers and small fields around the file
+#: Longest wait for the next piece of a request body (the header timeout is the server's:
+#: see :mod:`mpsearch.cli._serve`).
+BODY_IDLE_S = 30.0
+#: Slowest average rate a request body may come at, after its first BODY_IDLE_S seconds.
+BODY_MIN_RATE = 10_000.0
 
 
 def wants_json(request: Request) -> bool:
@@ -57,49 +65,66 @@ class Guard:
             await self.app(scope, receive, send)
             return
         request = Request(scope)
-        message = self._refuse(request)
-        if message is not None:
-            status, text = message
-            await error_response(request, text, status)(scope, receive, send)
-            return
-        query = request.query_params
-        cookie = None
-        if self.access.token is not None and query.get("token") == self.access.token:
-            cookie = self.access.set_cookie()  # the first visit: keep the token in a cookie
-            if request.method == "GET" and not wants_json(request):
-                kept = urlencode([(k, v) for k, v in query.multi_items() if k != "token"])
-                response = RedirectResponse(request.url.path + (f"?{kept}" if kept else ""),
-                                            status_code=303)
-                response.headers["set-cookie"] = cookie
-                await response(scope, receive, send)
-                return
-        limit, seen, started = self.max_bytes + _FORM_SLACK, 0, False
+        cookie: str | None = None
+        started = False
 
-        async def limited() -> Message:
-            nonlocal seen
-            msg = await receive()
-            seen += len(msg.get("body", b""))
-            if seen > limit:
-                raise _TooLarge
-            return msg
-
-        async def headers(msg: Message) -> None:
+        async def headers(msg: Message) -> None:  # security headers on every response
             nonlocal started
             if msg["type"] == "http.response.start":
                 started = True
                 msg["headers"] = [*msg.get("headers", []),
                                   (b"content-security-policy", CSP.encode()),
                                   (b"x-content-type-options", b"nosniff"),
-                                  (b"referrer-policy", b"same-origin")]
+                                  (b"x-frame-options", b"SAMEORIGIN"),
+                                  (b"referrer-policy", b"same-origin"),
+                                  (b"cross-origin-opener-policy", b"same-origin"),
+                                  (b"cross-origin-resource-policy", b"same-origin")]
                 if cookie is not None:
                     msg["headers"].append((b"set-cookie", cookie.encode()))
             await send(msg)
+
+        message = self._refuse(request)
+        if message is not None:
+            status, text = message
+            await error_response(request, text, status)(scope, receive, headers)
+            return
+        query = request.query_params
+        if self.access.token is not None and query.get("token") == self.access.token:
+            cookie = self.access.set_cookie()  # the first visit: keep the token in a cookie
+            if request.method == "GET" and not wants_json(request):
+                kept = urlencode([(k, v) for k, v in query.multi_items() if k != "token"])
+                response = RedirectResponse(request.url.path + (f"?{kept}" if kept else ""),
+                                            status_code=303)
+                await response(scope, receive, headers)
+                return
+        limit, seen, first = self.max_bytes + _FORM_SLACK, 0, 0.0
+
+        async def limited() -> Message:
+            nonlocal seen, first
+            now = asyncio.get_running_loop().time()
+            first = first or now
+            # a body that pauses, or trickles, holds a connection and a worker thread
+            wait = min(BODY_IDLE_S, first + BODY_IDLE_S + seen / BODY_MIN_RATE - now)
+            try:
+                msg = await asyncio.wait_for(receive(), max(0.0, wait))
+            except asyncio.TimeoutError:
+                raise _Stalled from None
+            seen += len(msg.get("body", b""))
+            if seen > limit:
+                raise _TooLarge
+            return msg
 
         try:
             await self.app(scope, limited, headers)
         except _TooLarge:
             if not started:
-                await error_response(request, self._too_large(), 413)(scope, receive, send)
+                await error_response(request, self._too_large(), 413)(scope, receive, headers)
+        except _Stalled:
+            if not started:
+                await error_response(
+                    request, f"the request body paused for {BODY_IDLE_S:.0f} s or came slower "
+                    f"than {BODY_MIN_RATE / 1000:.0f} kB/s; send it again", 408,
+                )(scope, receive, headers)
 
     def _too_large(self) -> str:
         return (f"upload too large: the limit is {self.max_bytes / 1e6:.1f} MB; restart "
@@ -117,6 +142,10 @@ class Guard:
 
 
 class _TooLarge(Exception):
+    pass
+
+
+class _Stalled(Exception):
     pass
 
 

@@ -2,7 +2,7 @@
 
 Consumes plain values (the model upload and its summary dict, choices for the form, a job
 state, its progress dict and ``front.json``); produces HTML strings (see
-:mod:`mpsearch._serve_pages` for the shared layout).
+:mod:`mpsearch.serve._pages` for the shared layout).
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mpsearch.serve._frontview import chart_data
 from mpsearch.serve._pages import bytes_text, e, error_box, file_form, page, summary_html
-from mpsearch.serve._results import chart_data, front_section, partial_section
+from mpsearch.serve._results import front_section, partial_section
 
 __all__ = ["job_page", "model_page"]
 
@@ -42,13 +43,25 @@ def _input(name: str, label: str, value: str, kind: str = "text", **attrs: str) 
             f'value="{e(value)}"{extra}>{hint}</label>')
 
 
+def _spec_default(name: str) -> Any:
+    """The default of a :class:`~mpsearch.spec.SearchSpec` field (the form agrees with it)."""
+    import dataclasses
+
+    from mpsearch.spec import SearchSpec
+
+    return next(f.default for f in dataclasses.fields(SearchSpec) if f.name == name)
+
+
+_SAMPLES = _spec_default("sensitivity_limit")
+
 _HELP = {
     "held_out": "share of the data kept aside: the search measures on the rest (the search "
                 "split), the front is re-measured on this held-out split",
     "max_metric_drop": "largest loss of the metric against FP32 a configuration may have "
                        "to count (0.01 = one point of accuracy); empty: no limit",
-    "sensitivity_samples": "samples the per-node analysis measures each node on; fewer is "
-                           "faster and noisier; empty: 64 (as the CLI)",
+    "sensitivity_samples": "samples of the search split the per-node analysis measures "
+                           f"each node on; fewer is faster and noisier (default {_SAMPLES}, as "
+                           "a spec's evaluation.sensitivity_samples)",
     "analysis": "before the search, measure each node alone in each format (sensitivity, "
                 "range histograms, accuracy-size curve) for the report and to seed the search",
     "trials": "configurations the search builds and measures; more finds a fuller front",
@@ -95,8 +108,9 @@ def model_page(model: Any, summary: Mapping[str, Any], *, profiles: Sequence[tup
         + _input("trials", "trials", value("trials", "20"), "number", min="1")
         + _input("max_metric_drop", "max metric drop", value("max_metric_drop", ""), "number",
                  min="0", step="any", placeholder="none")
-        + _input("sensitivity_samples", "sensitivity samples", value("sensitivity_samples", ""),
-                 "number", min="1", placeholder="all")
+        + _input("sensitivity_samples", "sensitivity samples",
+                 value("sensitivity_samples", str(_SAMPLES)), "number", min="1",
+                 required="required")
         + _input("seed", "seed", value("seed", "0"), "number", min="0")
         + _select("analysis", "per-node analysis in a search",
                   [("on", "on (sensitivity, histograms, curve)"), ("off", "off (faster)")],
@@ -128,8 +142,8 @@ def model_page(model: Any, summary: Mapping[str, Any], *, profiles: Sequence[tup
                             "or upload a profile YAML", max_bytes, keep=keep)
                 + error_box(errors.get("profile"), "profile"))
         + _step(3, "Data for calibration and validation", "data", not has_data,
-                ('<p class="muted">Optional here: the data below is already selected in '
-                 "step 4. Upload your own to use it instead.</p>" if has_data else
+                (_data_note(model, data, selected_data)
+                 if has_data else
                  '<p class="muted">Upload samples of what the model reads (a few hundred '
                  "are enough; add a 'labels' array for accuracy).</p>")
                 + data_form + error_box(errors.get("data"), "data"))
@@ -137,6 +151,17 @@ def model_page(model: Any, summary: Mapping[str, Any], *, profiles: Sequence[tup
                 job_form + error_box(errors.get("job"), "job"))
         + f"<section><h2>Model summary</h2>{summary_html(summary)}</section>")
     return page(f"Model {model.name}", body)
+
+
+def _data_note(model: Any, data: Sequence[tuple[str, str]], selected: str) -> str:
+    """Step 3's line when data is already chosen: which data, and that uploading replaces
+    it (only the demo comes with its own data)."""
+    label = next((text for value, text in data if value == selected), selected)
+    if model.info.get("bundled") == "demo" and selected.startswith("bundled:"):
+        return ('<p class="muted" id="data-note">The demo comes with its own data, already '
+                f"selected in step 4: {e(label)}. Upload other data to use it instead.</p>")
+    return (f'<p class="muted" id="data-note">Selected in step 4: {e(label)}. Upload more '
+            "data to choose it instead.</p>")
 
 
 def _step(number: int, title: str, slot: str, is_next: bool, body: str) -> str:
@@ -150,17 +175,55 @@ def _state(job: Any, position: int | None) -> str:
     return f'<span class="state {e(job.state)}" id="job-state">{e(job.state)}{where}</span>'
 
 
-def _commands(job: Any) -> str:
-    lines = "\n".join(e(line) for line in job.commands)
+def _commands(job: Any, exportable: bool) -> str:
+    """The job's command lines; ``mpsearch export`` only when there is a front to export."""
+    lines = "\n".join(e(line) for line in job.commands
+                      if exportable or not line.startswith("mpsearch export "))
     return f'<pre class="commands" id="commands">{lines}</pre>'
+
+
+_PROGRESS = (
+    '<div id="progress" class="progress"><p id="overall-text">waiting…</p>'
+    '<progress id="overall-bar" max="1"></progress><p id="overall-note" class="muted"></p>'
+    '<p id="progress-text" class="stage">waiting…</p><progress id="progress-bar" max="1" '
+    'value="0"></progress><p id="progress-message" class="muted"></p>'
+    '<p id="progress-trials"></p><div id="mini-front"></div></div>')
+
+
+def _headline(head: Mapping[str, Any] | None) -> str:
+    """An analysis job's headline numbers (see :func:`mpsearch.serve._summaries.
+    analysis_headline`)."""
+    if head is None or head.get("fp32") is None:
+        return ""
+    metric = e(head.get("metric") or "metric")
+    samples = f" on {head['samples']} samples" if head.get("samples") else ""
+    cards = [("FP32 " + metric, f"{float(head['fp32']):.4f}")]
+    if head.get("fp32_size"):
+        cards.append(("FP32 weights", bytes_text(int(head["fp32_size"]))))
+    quantized = head.get("quantized") or {}
+    if quantized.get("metric") is not None:
+        fmt = e(quantized.get("format") or "quantized")
+        cards.append((f"every node {fmt}: {metric}", f"{float(quantized['metric']):.4f}"))
+        if quantized.get("size") is not None:
+            cards.append((f"every node {fmt}: weights", bytes_text(int(quantized["size"]))))
+    sensitive = "".join(
+        f"<li><b>{e(fmt)}</b>: {info['high']} of {info['nodes']} nodes highly sensitive; most "
+        f"sensitive: {e(', '.join(info['top']))}</li>"
+        for fmt, info in (head.get("sensitive") or {}).items())
+    return ('<section id="headline"><h2>Headline</h2><div class="cards">'
+            + "".join(f'<div class="card"><div class="k">{k}</div><div class="v">{e(v)}</div>'
+                      "</div>" for k, v in cards)
+            + f'</div><p class="muted">Measured on the analysis samples{e(samples)} (not the '
+            "held-out split): a guide to where precision matters, not a deployment figure.</p>"
+            + (f"<ul id=\"sensitive\">{sensitive}</ul>" if sensitive else "") + "</section>")
 
 
 def job_page(job: Any, *, progress: Mapping[str, Any] | None, front: Mapping[str, Any] | None,
              partial: Mapping[str, Any] | None, trials_done: int, files: Mapping[int, int],
              fp32_file: int | None, has_report: bool, has_profile: bool, run_dir: str,
-             position: int | None) -> str:
-    """A job: its state and actions, then its results (the front first), the report, and the
-    command lines that redo it."""
+             position: int | None, headline: Mapping[str, Any] | None = None) -> str:
+    """A job: its state and actions, then its results (the recommendation and the front
+    first, or an analysis' headline), the report, and the command lines that redo it."""
     links = [f'<a href="/jobs/{job.id}/spec.yaml" download id="spec-link">spec.yaml</a>']
     if has_profile:
         links.append(f'<a href="/jobs/{job.id}/hw_profile.yaml" download>hw_profile.yaml</a>')
@@ -170,12 +233,8 @@ def job_page(job: Any, *, progress: Mapping[str, Any] | None, front: Mapping[str
              f'<a href="/models/{e(job.model)}">model {e(getattr(job, "model_name", ""))}</a>'
              f' · {" · ".join(links)}</p>']
     if job.state in ("queued", "running"):
-        parts.append(
-            f'<form method="post" action="/jobs/{job.id}/cancel"><button type="submit" '
-            'id="cancel">Cancel</button></form><div id="progress" class="progress">'
-            '<p id="progress-text">waiting…</p><progress id="progress-bar" max="1" value="0">'
-            '</progress><p id="progress-message" class="muted"></p><p id="progress-trials">'
-            '</p><div id="mini-front"></div></div>')
+        parts.append(f'<form method="post" action="/jobs/{job.id}/cancel"><button '
+                     f'type="submit" id="cancel">Cancel</button></form>{_PROGRESS}')
     if job.state in ("cancelled", "failed", "interrupted"):
         parts.append(f'<form method="post" action="/jobs/{job.id}/resume"><button '
                      'type="submit" id="resume" class="primary">Resume</button></form>')
@@ -190,6 +249,8 @@ def job_page(job: Any, *, progress: Mapping[str, Any] | None, front: Mapping[str
     elif partial is not None:
         parts.append('<section id="results"><h2>Partial results</h2>'
                      + partial_section(job, partial) + "</section>")
+    if job.kind != "search" and job.state == "done":
+        parts.append(_headline(headline))
     if has_report:
         parts.append(
             f'<section><h2>Report</h2><p class="muted">Every chart and table of the run '
@@ -197,10 +258,17 @@ def job_page(job: Any, *, progress: Mapping[str, Any] | None, front: Mapping[str
             f'target="_blank">Open it in a new tab</a>.</p><iframe id="report" '
             f'src="/jobs/{job.id}/report" title="report"></iframe></section>')
     if job.commands:
+        exportable = front is not None and bool(front.get("points"))
+        stopped = job.state in ("cancelled", "failed", "interrupted")
+        later = ("" if exportable or job.kind != "search" or not stopped else
+                 " <code>mpsearch export</code> works once the search has finished (Resume, or "
+                 "Finish with the trials it ran).")
         parts.append("<section><h2>From the command line</h2><p class=\"muted\">The same "
-                     f"run from a shell (run directory {e(run_dir)}):</p>{_commands(job)}"
-                     "</section>")
+                     f"run from a shell (run directory {e(run_dir)}):{later}</p>"
+                     f"{_commands(job, exportable)}</section>")
     data = {"job": job.id, "state": job.state, "higher": job.higher_is_better,
             "progress": dict(progress) if progress else None,
             "chart": chart_data(front, partial)}
-    return page(job.title, "".join(parts), data=data)
+    charts = data["chart"] is not None or job.state in ("queued", "running")
+    return page(job.title, "".join(parts), data=data,
+                scripts=("/static/plotly.min.js",) if charts else ())

@@ -1,6 +1,6 @@
 """Background jobs of ``mpsearch serve``: a small queue of worker processes, one per job.
 
-Consumes jobs whose run directory already holds ``spec.yaml`` (see :mod:`mpsearch._serve_spec`);
+Consumes jobs whose run directory already holds ``spec.yaml`` (see :mod:`mpsearch.serve._spec`);
 produces their run directories (``WORKDIR/runs/{id}/``) through the worker
 (:func:`worker_command`: ``python -I`` with this installed package's folder first on
 ``sys.path``, so no ``mpsearch/`` of the current directory can stand in for it), which calls
@@ -21,7 +21,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
@@ -31,9 +30,11 @@ from typing import Any
 
 from mpsearch.errors import MpsearchError
 from mpsearch.rundir import RunDir, write_json
-from mpsearch.serve._store import UploadError, new_id, valid_id
+from mpsearch.serve._spec import JobConfig
+from mpsearch.serve._store import Upload, UploadError, new_id, valid_id
+from mpsearch.serve._worker import worker_command
 
-__all__ = ["ACTIVE", "Job", "JobQueue", "worker_command"]
+__all__ = ["ACTIVE", "Job", "JobQueue", "job_title", "worker_command"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,16 +43,12 @@ _KILL_AFTER_S = 10.0
 _EXPORT_TIMEOUT_S = 900.0
 
 
-_BOOT = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
-         "from mpsearch.serve._worker import main; sys.exit(main())")
-
-
-def worker_command(*args: str) -> list[str]:
-    """The command line of a worker process with ``args``: isolated mode (``-I``: neither the
-    current directory, nor ``PYTHON*`` variables, nor the user's site-packages reach
-    ``sys.path``), then the folder holding this very ``mpsearch`` package put first."""
-    root = str(Path(__file__).resolve().parents[2])
-    return [sys.executable, "-I", "-u", "-c", _BOOT, root, *args]
+def job_title(number: int, config: JobConfig, model: Upload, profile: str) -> str:
+    """A job's name, told apart from the others: number, kind, model, profile, trials."""
+    trials = f", {config.trials} trials" if config.kind == "search" else ""
+    uploaded = model.created[11:16]
+    return (f"#{number} {config.kind} of {model.name} (uploaded {uploaded} UTC) on "
+            f"{profile}{trials}")
 
 
 def _now() -> str:
@@ -97,6 +94,8 @@ class JobQueue:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._cancel_at: dict[str, float] = {}
         self._exports: dict[tuple[str, int], threading.Lock] = {}
+        self._numbers: dict[str, int] = {}
+        self._count = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -163,15 +162,27 @@ class JobQueue:
 
     # -- commands ------------------------------------------------------------------------
     def new_run_dir(self) -> tuple[str, Path]:
+        """A fresh job id (unique: ``mkdir`` fails on a clash) and its run directory; the
+        job's number (:meth:`number`) is taken under the lock, so concurrent submissions
+        never share one."""
         job_id = new_id()
         path = self.runs / job_id
         path.mkdir(parents=True)
+        with self._lock:
+            self._count = max(self._count, len(self._jobs)) + 1
+            self._numbers[job_id] = self._count
         return job_id, path
+
+    def number(self, job_id: str) -> int:
+        """The 1-based number of a job made by :meth:`new_run_dir` (shown in its title)."""
+        with self._lock:
+            return self._numbers.get(job_id, len(self._jobs) + 1)
 
     def submit(self, job: Job) -> Job:
         job = replace(job, state="queued", created=job.created or _now())
         with self._lock:
             self._jobs[job.id] = job
+            self._numbers.pop(job.id, None)
             self._save(job)
         return job
 
@@ -192,6 +203,30 @@ class JobQueue:
                 return job
             return self._set(job_id, state="queued", resume=True, exit_code=None, error=None,
                              note=None, started=None, finished=None, created=_now())
+
+    def finish(self, job_id: str, trials_done: int) -> Job:
+        """Rerun a stopped search with its budget cut to the ``trials_done`` trials it
+        finished: no new trial runs, the study's front is re-measured on the held-out split and
+        written to ``front.json``, so its points can be exported (the spec says so too)."""
+        from mpsearch.spec import load_spec
+
+        with self._lock:
+            job = self.get(job_id)
+            if job.kind != "search" or job.state in ACTIVE or job.state == "done":
+                raise UploadError("only a stopped search can be finished with the trials it "
+                                  "ran", status=409)
+            if trials_done < 1:
+                raise UploadError("this search finished no trial yet; resume it instead",
+                                  status=409)
+            run = RunDir(self.run_dir(job_id))
+            try:
+                spec = load_spec(run.spec_yaml)
+            except MpsearchError as e:
+                raise UploadError(f"this job's spec.yaml cannot be read: {e}") from e
+            run.write_spec(replace(spec, trials=trials_done))
+            self._set(job_id, trials=trials_done,
+                      title=f"{job.title} (finished at {trials_done} trials)")
+            return self.resume(job_id)
 
     def export(self, job_id: str, point: int) -> Path:
         """The front point ``point`` of a finished search as a QDQ model (built once by a

@@ -12,7 +12,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["bytes_text", "error_page", "index_page", "page", "profile_card", "summary_html"]
+__all__ = ["bytes_text", "error_page", "index_page", "jobs_page", "jobs_table", "page",
+           "profile_card", "summary_html"]
 
 _TOP_NODES = 15
 
@@ -49,18 +50,22 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, cls: str 
             "</table>")
 
 
-def page(title: str, body: str, *, data: Mapping[str, Any] | None = None) -> str:
-    """A whole page: the local stylesheet and script, ``data`` as JSON for the script."""
+def page(title: str, body: str, *, data: Mapping[str, Any] | None = None,
+         scripts: Sequence[str] = ()) -> str:
+    """A whole page: the local stylesheet and script (after ``scripts``, local addresses such
+    as ``/static/plotly.min.js``), ``data`` as JSON for the script."""
     payload = json.dumps(data or {}).replace("<", "\\u003c")
+    extra = "".join(f'<script src="{e(src)}"></script>' for src in scripts)
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
         f'content="width=device-width, initial-scale=1"><title>{e(title)} · mpsearch</title>'
+        '<link rel="icon" href="/favicon.ico" sizes="32x32">'
         '<link rel="stylesheet" href="/static/serve.css"></head><body>'
         '<header><a class="brand" href="/">mpsearch</a><nav><a href="/">Models</a>'
         '<a href="/jobs">Jobs</a></nav></header>'
         f'<main><h1>{e(title)}</h1>{body}</main>'
         f'<script type="application/json" id="page-data">{payload}</script>'
-        '<script src="/static/serve.js"></script></body></html>')
+        f'{extra}<script src="/static/serve.js"></script></body></html>')
 
 
 def error_box(error: Any | None, slot: str) -> str:
@@ -108,7 +113,8 @@ def _bundled(bundled: Sequence[str], demo: Sequence[str]) -> str:
 
 
 def index_page(models: Sequence[Any], jobs: Sequence[Any], bundled: Sequence[str],
-               max_bytes: int, error: Any | None = None, demo: Sequence[str] = ()) -> str:
+               max_bytes: int, error: Any | None = None, demo: Sequence[str] = (),
+               summaries: Mapping[str, Mapping[str, str]] | None = None) -> str:
     rows = "".join(
         f'<tr><td><a href="/models/{m.id}">{e(m.name)}</a>'
         + (f'<span class="tag">{e(m.info["bundled"])}</span>' if m.info.get("bundled") else "")
@@ -128,7 +134,7 @@ def index_page(models: Sequence[Any], jobs: Sequence[Any], bundled: Sequence[str
         + ('<table id="models"><thead><tr><th>file</th><th>uploaded (UTC)</th><th>nodes</th>'
            "<th>parameters</th><th>weights</th><th>file size</th></tr></thead>"
            f"<tbody>{rows}</tbody></table>" if models else '<p class="muted">None yet.</p>')
-        + f"</section><section><h2>Jobs</h2>{jobs_table(jobs)}</section>")
+        + f"</section><section><h2>Jobs</h2>{jobs_table(jobs, summaries)}</section>")
     return page("Mixed-precision search", body)
 
 
@@ -136,17 +142,39 @@ def _size(value: Any) -> str:
     return bytes_text(float(value)) if isinstance(value, (int, float)) else "-"
 
 
-def jobs_table(jobs: Sequence[Any]) -> str:
+def jobs_table(jobs: Sequence[Any], summaries: Mapping[str, Mapping[str, str]] | None = None
+               ) -> str:
+    """Every job with its settings and results (``summaries`` by job id, see
+    :func:`mpsearch.serve._summaries.job_summary`), newest first, so runs can be compared."""
     if not jobs:
         return '<p class="muted">No jobs yet.</p>'
-    rows = "".join(
-        f'<tr><td><a href="/jobs/{j.id}">{e(j.title)}</a></td><td>{e(j.kind)}</td>'
-        f'<td>{e(getattr(j, "profile", ""))}</td><td>{e(j.trials or "-")}</td>'
-        f'<td><span class="state {e(j.state)}">{e(j.state)}</span></td>'
-        f"<td>{e(j.created[:19].replace('T', ' '))}</td></tr>" for j in jobs)
-    return ('<table id="jobs"><thead><tr><th>job</th><th>kind</th><th>profile</th>'
-            "<th>trials</th><th>state</th><th>created (UTC)</th></tr></thead>"
-            f"<tbody>{rows}</tbody></table>")
+    summaries = summaries or {}
+    rows = []
+    for j in jobs:
+        info = summaries.get(j.id, {})
+        rows.append(
+            f'<tr data-job="{e(j.id)}"><td><a href="/jobs/{j.id}">{e(j.title)}</a></td>'
+            f'<td>{e(getattr(j, "model_name", "") or "-")}</td>'
+            f'<td>{e(getattr(j, "profile", "") or "-")}</td><td>{e(j.kind)}</td>'
+            f'<td>{e(j.trials or "-")}</td>'
+            f'<td><span class="state {e(j.state)}">{e(j.state)}</span></td>'
+            f'<td class="best">{e(info.get("best", "-"))}</td>'
+            f'<td class="smallest">{e(info.get("smallest", "-"))}</td>'
+            f'<td class="recommendation">{e(info.get("recommendation", "-"))}</td>'
+            f'<td class="settings">{e(info.get("settings", "") or "-")}</td>'
+            f"<td>{e(j.created[:19].replace('T', ' '))}</td></tr>")
+    head = "".join(f"<th>{h}</th>" for h in (
+        "job", "model", "profile", "kind", "trials", "status", "best metric (held-out)",
+        "smallest size", "recommendation", "settings", "created (UTC)"))
+    return (f'<table id="jobs"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody>'
+            "</table>")
+
+
+def jobs_page(jobs: Sequence[Any], summaries: Mapping[str, Mapping[str, str]]) -> str:
+    """The Jobs page: every job's settings and results side by side."""
+    return page("Jobs", '<p class="muted">Every job of this work directory, newest first: its '
+                "settings and what it found (the held-out metric and size of the shown front), "
+                "to compare runs.</p>" + jobs_table(jobs, summaries))
 
 
 def summary_html(summary: Mapping[str, Any]) -> str:
@@ -205,6 +233,29 @@ def _data_types(formats: Mapping[str, Any]) -> str:
             '<span class="muted">(the float format is always allowed)</span></p>')
 
 
+def _note(value: Any) -> str:
+    """A profile rule's value as words: a mapping as "key value, ...", a list comma-joined."""
+    if isinstance(value, Mapping):
+        return ", ".join(f"{str(k).replace('_', ' ')} {_note(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_note(v) for v in value)
+    if value is True:
+        return "yes"
+    return str(value)
+
+
+def _rule_note(key: str, value: Any) -> str:
+    """One note of an op rule in words (fixed quantization parameters, per-format costs)."""
+    if key == "fixed_qparams" and isinstance(value, Mapping):
+        return "fixed quantization: " + "; ".join(
+            f"{fmt} scale {float(q[0]):.4g}, zero point {q[1]}" if isinstance(q, (list, tuple))
+            and len(q) == 2 else f"{fmt} {_note(q)}" for fmt, q in value.items())
+    if key == "cost" and isinstance(value, Mapping):
+        return "relative cost: " + ", ".join(
+            f"{fmt} {'unknown' if c is None else f'{float(c):g}'}" for fmt, c in value.items())
+    return f"{key.replace('_', ' ')}: {_note(value)}"
+
+
 def profile_card(profile: Mapping[str, Any]) -> str:
     """A profile's formats and op rules (what the search may choose per op)."""
     formats = profile["formats"]
@@ -213,7 +264,7 @@ def profile_card(profile: Mapping[str, Any]) -> str:
              else f"{f['relative_cost']:g}") for name, f in formats.items()]
     rules = []
     for op, rule in profile.get("op_rules", {}).items():
-        notes = [f"{k.replace('_', ' ')}: {v}" for k, v in rule.items()
+        notes = [_rule_note(k, v) for k, v in rule.items()
                  if k != "formats" and v not in (None, False, {}, [])]
         rules.append((op, ", ".join(rule.get("formats", ())), "; ".join(notes) or "-"))
     unknowns = "".join(f"<li>{e(u)}</li>" for u in profile.get("unknowns") or ())

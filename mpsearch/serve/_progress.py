@@ -4,19 +4,39 @@ Consumes the worker's progress reports (``progress.jsonl``, written as data by
 :class:`mpsearch.progress.JsonlProgress`) and, for a search, the study journal (read through
 :func:`mpsearch.study_progress`); produces a plain dict: the current stage and its bar (done /
 total / elapsed / time left), the search's finished trials, front size and best metric, and the
-(metric, size) of every finished trial with the current Pareto front, for the live mini-chart.
+(metric, size) of every finished trial with the current Pareto front, for the live mini-chart,
+and an estimate of the whole job across its stages (:func:`overall`).
+
+The overall estimate is honest about what it cannot know: a stage's time is extrapolated only
+from its own finished units; the search's length is an upper bound, because the patience stop
+can end it sooner; stages that have not started have no time until they do (the held-out
+re-measure is estimated from the search's time per trial, as it measures the front's points the
+same way on the held-out split).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from mpsearch.progress import read_last
 from mpsearch.rundir import RunDir
 
-__all__ = ["job_progress", "pareto", "read_journal", "stage_message"]
+__all__ = ["job_progress", "overall", "pareto", "read_journal", "read_records",
+           "stage_message"]
+
+_MAX_LOG_BYTES = 8 << 20
+_FRONT_POINTS = 12  # the most points the held-out stage re-measures (the search's FRONT_POINTS)
+_PHASES = {"calibrate": "loading and calibration", "sensitivity": "per-node analysis",
+           "reverse": "per-node analysis", "proxy": "per-node analysis",
+           "curve": "per-node analysis", "group costs": "seeding", "search": "search",
+           "held-out": "held-out re-measure"}
 
 _MAX_POINTS = 2_000
 _STAGES = {
@@ -71,15 +91,129 @@ def _bar(record: dict[str, Any] | None) -> dict[str, Any] | None:
             "postfix": dict(record.get("info") or {})}
 
 
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Every complete record of a ``progress.jsonl`` (its last 8 MB), oldest first."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - _MAX_LOG_BYTES))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a torn line (the worker writes) or the cut first line
+        if isinstance(record, dict) and {"stage", "done", "total"} <= record.keys():
+            out.append(record)
+    return out
+
+
+def _phase(stage: str) -> str:
+    return _PHASES.get(stage.partition(" (")[0], stage)
+
+
+def _phases(kind: str, spec: Mapping[str, Any]) -> list[str]:
+    """The stages a job of ``kind`` goes through with ``spec.yaml``'s settings, in order."""
+    if kind != "search":
+        return ["loading and calibration", "per-node analysis"]
+    out = ["loading and calibration"]
+    if spec.get("analysis", True):
+        out.append("per-node analysis")
+    if spec.get("seeding", True):
+        out.append("seeding")
+    return [*out, "search", "held-out re-measure"]
+
+
+def _rate(records: Sequence[Mapping[str, Any]], stage: str) -> float | None:
+    """Seconds per unit of ``stage``, from its records since the job last (re)started."""
+    mine = [r for r in records if r["stage"] == stage]
+    if len(mine) < 2:
+        return None
+    first, last = mine[0], mine[-1]
+    done = int(last["done"]) - int(first["done"])
+    spent = float(last.get("elapsed", 0.0)) - float(first.get("elapsed", 0.0))
+    return spent / done if done > 0 and spent >= 0 else None
+
+
+def _started(started: str | None, records: Sequence[Mapping[str, Any]]) -> float | None:
+    if started:
+        try:
+            return datetime.fromisoformat(started).timestamp()
+        except ValueError:
+            pass
+    return float(records[0]["time"]) if records and "time" in records[0] else None
+
+
+def overall(records: Sequence[Mapping[str, Any]], *, kind: str, spec: Mapping[str, Any],
+            started: str | None = None, trials_done: int = 0, trials: int | None = None,
+            front_size: int = 0, now: float | None = None) -> dict[str, Any]:
+    """The whole job's progress as an estimate (module doc): its stages and which one runs,
+    the time elapsed, the time left (None when it cannot be told yet), whether that is an
+    upper bound, and the fraction done (elapsed / (elapsed + left))."""
+    now = time.time() if now is None else now
+    begin = _started(started, [r for r in records if r.get("time")]) or now
+    records = [r for r in records if float(r.get("time", now)) >= begin - 1.0]  # this run's
+    phases = _phases(kind, spec)
+    current = _phase(records[-1]["stage"]) if records else phases[0]
+    if current not in phases:
+        phases.insert(len(phases) - 1, current)
+    index = phases.index(current)
+    elapsed = max(0.0, now - begin)
+    last = records[-1] if records else None
+    left: float | None = None
+    upper = False
+    notes = []
+    if current == "search":
+        rate = _rate(records, "search")
+        if rate is not None and trials:
+            held = float((spec.get("data") or {}).get("held_out", 0.5) or 0.0)
+            ratio = max(1.0, held / max(1e-6, 1.0 - held))
+            points = min(max(front_size, 1), _FRONT_POINTS)
+            left = rate * (max(0, trials - trials_done) + points * ratio)
+            upper = bool((spec.get("budget") or {}).get("patience", 20))
+            notes.append("the held-out re-measure is counted as the front's points measured "
+                         "like trials")
+            if upper:
+                notes.append("at most: the patience stop can end the search sooner")
+        else:
+            notes.append("the time left shows once a few trials have finished")
+    elif current == phases[-1] and current != "per-node analysis" and last is not None:
+        rate = _rate(records, str(last["stage"]))
+        if rate is not None and last.get("total"):
+            left = rate * max(0, int(last["total"]) - int(last["done"]))
+    elif "search" in phases[index + 1:]:
+        notes.append("the time left shows once the search's first trials finish")
+    else:
+        notes.append("the analysis measures in several passes of unknown length")
+    fraction = elapsed / (elapsed + left) if left is not None and elapsed + left > 0 else None
+    return {"phases": phases, "index": index, "elapsed": elapsed, "left": left,
+            "upper": upper, "fraction": fraction, "estimate": True, "notes": notes}
+
+
+def _spec(run: RunDir) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(run.spec_yaml.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 def job_progress(run_dir: Path, *, kind: str, trials: int | None,
-                 higher_is_better: bool = True) -> dict[str, Any]:
+                 higher_is_better: bool = True, started: str | None = None
+                 ) -> dict[str, Any]:
     """Everything the job page shows while ``run_dir``'s job runs (see module doc)."""
     run = RunDir(run_dir)
-    bar = _bar(read_last(run.progress_jsonl))
+    records = read_records(run.progress_jsonl)
+    bar = _bar(records[-1] if records else read_last(run.progress_jsonl))
     stage = bar["stage"] if bar else "starting"
     out: dict[str, Any] = {"stage": stage, "bar": bar,
                            "message": stage_message(bar["stage"] if bar else None)}
+    spec = _spec(run)
     if kind != "search":
+        out["overall"] = overall(records, kind=kind, spec=spec, started=started)
         return out
     points, finished = read_journal(run.journal)
     front = pareto(points, higher_is_better)
@@ -90,4 +224,6 @@ def job_progress(run_dir: Path, *, kind: str, trials: int | None,
                                                                             for p in front)
     left = bar["left"] if bar and bar["stage"] == "search" else None
     out["left"] = left
+    out["overall"] = overall(records, kind=kind, spec=spec, started=started,
+                             trials_done=finished, trials=trials, front_size=len(front))
     return out

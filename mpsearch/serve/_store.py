@@ -6,6 +6,8 @@ fixed file name (``model.onnx``, ``data.npz``, ``images/``, ``profile.yaml``), s
 name ever reaches the file system. Every upload is checked with the same API the CLI uses
 (:func:`~mpsearch.graph.load_model`, :func:`~mpsearch.data.load_data` and
 :func:`~mpsearch.data.check_signature`, :func:`~mpsearch.profiles.validate_profile_file`);
+models and data are loaded in a worker process with a memory limit (:func:`_elsewhere`), so
+what an upload expands to never grows the server;
 one that fails is deleted and raises :class:`UploadError` (one line, the stored path replaced
 by the client's file name, plus the offending source line of a profile).
 """
@@ -14,10 +16,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import secrets
 import shutil
-import zipfile
+import subprocess
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,8 +39,13 @@ logger = logging.getLogger(__name__)
 KINDS = ("models", "data", "profiles")
 _ID = re.compile(r"^[0-9a-f]{16}$")
 _CHUNK = 1 << 20
-_MAX_ZIP_MEMBERS = 100_000
-_SAFE_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._+-]{0,120}$")
+_DECODE_TIMEOUT_S = 600.0
+#: Address space of the process that decodes one data upload: the data memory budget
+#: (:data:`mpsearch.LIMITS`) plus what Python, NumPy, Pillow and ONNX map on their own.
+UPLOAD_MEMORY = (2 << 30) + (1536 << 20)
+#: Uploads decoded at once (each in its own worker process); the rest wait.
+MAX_DECODERS = 2
+_DECODERS = threading.BoundedSemaphore(MAX_DECODERS)
 
 
 class UploadError(MpsearchError):
@@ -157,14 +166,12 @@ class Store:
                   ) -> Upload:
         """Store and load an ONNX model; its summary is saved beside it (``bundled``: which
         kind of bundled model it is, "demo" or "test fixture")."""
-        from mpsearch import load_model, summarize
-
         shown = display_name(name, "model.onnx")
         upload_id, folder = self._new_dir("models")
         path = folder / "model.onnx"
         with _removed_on_failure(folder, shown):
             copy_limited(src, path, self.max_upload_bytes)
-            summary = summarize(load_model(path)).to_dict()
+            summary = _elsewhere("model", {"path": str(path)})
             write_json(folder / "summary.json", summary)
         info = {"params": summary["params"], "flops": summary["flops"],
                 "nodes": len(summary["nodes"]), "graph": summary["model"],
@@ -197,19 +204,23 @@ class Store:
         """Store ``.npz`` data (or one ``.npy`` array for a one-input model), or decode a zip
         of images with ``images`` (the fields of :class:`~mpsearch.data.ImageOptions`) into
         one, and check it against ``model``."""
+        from mpsearch import ImageOptions
+
         shown = display_name(name, "data.npz")
         upload_id, folder = self._new_dir("data")
         suffix = shown.lower().rpartition(".")[2]
-        raw = folder / {"zip": "images.zip", "npy": "data.npy"}.get(suffix, "data.npz")
+        kind = suffix if suffix in ("zip", "npy") else "npz"
+        raw = folder / {"zip": "images.zip", "npy": "data.npy"}.get(kind, "data.npz")
         target = folder / "data.npz"
         with _removed_on_failure(folder, shown):
+            if kind == "zip":
+                ImageOptions.from_dict(images or {})  # a bad option is refused before upload
             copy_limited(src, raw, self.max_upload_bytes)
-            if suffix == "zip":
-                _decode_zip(raw, folder / "images", target, dict(images or {}),
-                            self.max_upload_bytes * 4)
-            elif suffix == "npy":
-                _npy_to_npz(raw, target, [str(i[0]) for i in self.summary(model)["inputs"]])
-            info = _check_data(target, model)
+            info = _elsewhere("data", {"raw": str(raw), "target": str(target), "kind": kind,
+                                       "images": dict(images or {}),
+                                       "model": str(model.path)})
+            if raw != target:
+                raw.unlink()
         info["model"] = model.id
         if bundled:
             info["bundled"] = shown
@@ -233,99 +244,39 @@ class Store:
             return self.add_data(f, name, model, bundled=True)
 
 
-def _read_data(path: Path) -> Any:
-    """:func:`mpsearch.load_data` (a damaged archive is already a one-line DataError there)."""
-    from mpsearch import load_data
+def _elsewhere(mode: str, request: dict[str, Any]) -> dict[str, Any]:
+    """Decode an upload in a worker process under :data:`UPLOAD_MEMORY` bytes of address
+    space (:func:`mpsearch.serve._worker.decode_upload` for ``data``,
+    :func:`~mpsearch.serve._worker.summarize_upload` for ``model``): however the upload
+    expands, only that process grows, and it ends with the request. At most
+    :data:`MAX_DECODERS` run at once; other uploads wait their turn."""
+    from mpsearch.serve._worker import worker_command
 
-    return load_data(path)
-
-
-def _npy_to_npz(raw: Path, target: Path, inputs: list[str]) -> None:
-    """One ``.npy`` array as the ``.npz`` of a one-input model (keyed by the input's name)."""
-    import numpy as np
-
-    if len(inputs) != 1:
-        raise UploadError(f"{raw}: a .npy file holds one array and the model has "
-                          f"{len(inputs)} inputs ({', '.join(inputs)[:80]}); upload an .npz "
-                          "with one array per input")
-    dataset = _read_data(raw)
-    (array,) = dataset.inputs.values()
-    with target.open("wb") as f:
-        np.savez(f, **{inputs[0]: array})
-    raw.unlink()
-
-
-def _check_data(path: Path, model: Upload) -> dict[str, Any]:
-    from mpsearch import check_signature, load_model
-
-    dataset = _read_data(path)
-    check_signature(dataset, load_model(model.path))
-    if len(dataset) < 2:
-        raise UploadError(f"{path}: {len(dataset)} sample(s); need at least 2 to calibrate "
-                          "and validate")
-    return {"samples": len(dataset), "labels": _has_labels(dataset)}
-
-
-def _has_labels(dataset: Any) -> bool:
-    return getattr(dataset, "labels", None) is not None
-
-
-def _decode_zip(archive: Path, folder: Path, target: Path, options: dict[str, Any],
-                max_bytes: int) -> None:
-    """Unpack ``archive`` into ``folder``, decode it as an image folder with ``options`` and
-    save the arrays (and the labels of class sub-folders) as the ``.npz`` ``target``."""
-    import numpy as np
-
-    from mpsearch import ImageOptions, load_data
-
-    _unzip_images(archive, folder, max_bytes)
-    archive.unlink()
-    root = folder
-    while len(children := list(root.iterdir())) == 1 and children[0].is_dir():
-        root = children[0]  # a zip of one top folder holding the images or class folders
-    dataset = load_data(root, images=ImageOptions.from_dict(options))
-    arrays: dict[str, Any] = dict(dataset.inputs)
-    if dataset.labels is not None:
-        arrays["labels"] = dataset.labels
-    with target.open("wb") as f:
-        np.savez(f, **arrays)
-    shutil.rmtree(folder)
-
-
-def _unzip_images(archive: Path, dest: Path, max_bytes: int) -> None:
-    """Unpack image files only, keeping safe relative folders (class names); no traversal."""
-    from mpsearch import IMAGE_SUFFIXES
-
-    suffixes = tuple(sorted(IMAGE_SUFFIXES))
+    request = {**request, "memory": UPLOAD_MEMORY}
+    raw = request.get("raw", request.get("path"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
     try:
-        with zipfile.ZipFile(archive) as zf:
-            members = [m for m in zf.infolist() if not m.is_dir()]
-            if len(members) > _MAX_ZIP_MEMBERS:
-                raise UploadError(f"{archive}: {len(members)} files; at most "
-                                  f"{_MAX_ZIP_MEMBERS} images per zip")
-            if sum(m.file_size for m in members) > max_bytes:
-                raise UploadError(f"{archive}: unpacks to more than {max_bytes / 1e6:.0f} MB; "
-                                  "upload fewer or smaller images")
-            count = 0
-            for member in members:
-                parts = PurePosixPath(member.filename.replace("\\", "/")).parts
-                if not parts or parts[-1].startswith(".") or "__MACOSX" in parts:
-                    continue
-                if not parts[-1].lower().endswith(suffixes):
-                    continue
-                if any(not _SAFE_PART.match(p) for p in parts):
-                    raise UploadError(f"{archive}: unsafe path '{member.filename}' in the zip; "
-                                      "use plain folder and file names")
-                out = dest.joinpath(*parts)
-                out.parent.mkdir(parents=True, exist_ok=True)
-                with zf.open(member) as f, out.open("wb") as o:
-                    shutil.copyfileobj(f, o, _CHUNK)
-                count += 1
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
-        raise UploadError(f"{archive}: not a readable zip file ({e}); upload a .zip of images "
-                          "or an .npz") from e
-    if count == 0:
-        raise UploadError(f"{archive}: no images ({', '.join(suffixes)}) in the zip")
+        with _DECODERS:
+            done = subprocess.run(worker_command(mode, json.dumps(request)),
+                                  capture_output=True, timeout=_DECODE_TIMEOUT_S, env=env,
+                                  check=False, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        raise UploadError(f"{raw}: decoding took over {_DECODE_TIMEOUT_S:.0f} s; upload less "
+                          "data or smaller images", status=413) from e
+    errors = [line.removeprefix("mpsearch: error: ") for line in
+              done.stderr.decode(errors="replace").splitlines()
+              if line.startswith("mpsearch: error: ")]
+    if done.returncode == 0:
+        info: dict[str, Any] = json.loads(done.stdout.decode().strip().splitlines()[-1])
+        return info
+    if errors:
+        status = 413 if "an upload may use" in errors[-1] else 400
+        raise UploadError(errors[-1], status=status)
+    logger.warning("data decoder stopped with status %s: %s", done.returncode,
+                   done.stderr.decode(errors="replace")[-2000:])
+    raise UploadError(f"{raw}: decoding it stopped the decoder (status {done.returncode}); the "
+                      "file is damaged or needs more memory than an upload may use", status=413)
 
 
 def _renamed(error: MpsearchError, folder: Path, shown: str,

@@ -1,4 +1,6 @@
-// mpsearch serve: upload size checks, the profile card, live job progress and its mini-chart.
+// mpsearch serve: upload size checks, the profile card, errors brought into view, live job
+// progress (the whole job and the current stage) and its mini-chart, and the results' front
+// chart (plotly.js, served locally: hover shows a point, a click selects it).
 // Plain browser JavaScript, served locally; every page works without it (forms post normally).
 (function () {
   "use strict";
@@ -12,6 +14,23 @@
     box.setAttribute("role", "alert");
     box.textContent = text;
   }
+
+  // A page that comes back with an error (a refused form) scrolls to it: the user is there.
+  var alert = document.querySelector(".error[role=alert]:not([hidden])");
+  if (alert && alert.textContent.trim()) {
+    alert.scrollIntoView({block: "center"});
+    alert.setAttribute("tabindex", "-1");
+    alert.focus({preventScroll: true});
+  }
+
+  // Opening a bundled model: one click, one entry (the server also reuses an opened copy).
+  document.querySelectorAll("form.bundled").forEach(function (form) {
+    form.addEventListener("submit", function () {
+      setTimeout(function () {
+        form.querySelectorAll("button").forEach(function (b) { b.disabled = true; });
+      }, 0);
+    });
+  });
 
   // Uploads: refuse files over the server's limit before sending them.
   document.querySelectorAll("form.upload").forEach(function (form) {
@@ -117,7 +136,98 @@
     });
     box.appendChild(svg);
   }
-  if (D.chart && $("results-chart")) drawFront($("results-chart"), D.chart.points, D.chart.front, D.chart);
+  // The results' chart: plotly.js when it loaded (the SVG drawing otherwise).
+  function selectPoint(k, fromChart) {
+    var radio = $("point-" + k);
+    if (!radio) return;
+    radio.checked = true;
+    document.querySelectorAll("tr.selected").forEach(function (r) { r.classList.remove("selected"); });
+    var row = $("row-" + k);
+    if (row) {
+      row.classList.add("selected");
+      var box = row.closest("details");
+      if (box) box.open = true;
+      if (fromChart) row.scrollIntoView({block: "nearest"});
+    }
+    var chart = $("results-chart");
+    if (chart && chart.data && window.Plotly) {
+      var p = (D.chart.points || []).filter(function (q) { return q.index === k; })[0];
+      if (p) Plotly.restyle(chart, {x: [[p.size]], y: [[p.metric]]}, [chart.data.length - 1]);
+    }
+  }
+  function frontChart(box, c) {
+    var shown = c.points.filter(function (p) { return p.shown; });
+    var hidden = c.points.filter(function (p) { return !p.shown; });
+    var timed = shown.some(function (p) { return p.ms !== null; });
+    var times = shown.concat(c.marks).map(function (p) { return p.ms; })
+      .filter(function (v) { return v !== null; });
+    var lo = Math.min.apply(null, times), hi = Math.max.apply(null, times);
+    if (!(hi > lo)) { lo *= 0.8; hi *= 1.2; }  // one time only: a scale around it
+    var line = shown.slice().sort(function (a, b) { return a.size - b.size; });
+    var sel = c.points.filter(function (p) { return p.index === c.selected; })[0];
+    function pick(ps, key) { return ps.map(function (p) { return p[key]; }); }
+    var traces = [
+      {x: pick(line, "size"), y: pick(line, "metric"), mode: "lines", name: "front",
+       line: {color: "#9ab", width: 1, shape: "hv"}, hoverinfo: "skip", showlegend: false},
+      {x: pick(c.marks, "size"), y: pick(c.marks, "metric"), mode: "markers+text", name: "baselines",
+       customdata: pick(c.marks, "index"),
+       text: pick(c.marks, "label"), textposition: "bottom center", textfont: {size: 10, color: "#a33"},
+       hovertext: pick(c.marks, "hover"), hoverinfo: "text",
+       marker: {symbol: "square-open", size: 15, color: "#d62728", line: {width: 2}}},
+      {x: pick(shown, "size"), y: pick(shown, "metric"), mode: "markers", name: "front points",
+       customdata: pick(shown, "index"), hovertext: pick(shown, "hover"), hoverinfo: "text",
+       marker: timed ? {size: 11, color: shown.map(function (p) { return p.ms === null ? NaN : p.ms; }),
+                        colorscale: "Viridis", reversescale: true, showscale: true, cmin: lo, cmax: hi,
+                        colorbar: {title: {text: c.colour, side: "right"}, thickness: 12},
+                        line: {color: "#333", width: 1}}
+                     : {size: 11, color: "#1f77b4", line: {color: "#333", width: 1}}},
+      {x: pick(hidden, "size"), y: pick(hidden, "metric"), mode: "markers",
+       name: "beaten (hidden)", visible: "legendonly", customdata: pick(hidden, "index"),
+       hovertext: pick(hidden, "hover"), hoverinfo: "text",
+       marker: {symbol: "x", size: 8, color: "#999"}},
+      {x: sel ? [sel.size] : [], y: sel ? [sel.metric] : [], mode: "markers", name: "selected",
+       hoverinfo: "skip", marker: {symbol: "circle-open", size: 20, color: "#000", line: {width: 2}}}
+    ];
+    var sizes = pick(c.points, "size").concat(pick(c.marks, "size"));
+    var wide = Math.max.apply(null, sizes) / Math.max(1, Math.min.apply(null, sizes)) > 20;
+    Plotly.newPlot(box, traces, {
+      height: 380, margin: {l: 64, r: 10, t: 10, b: 48}, hovermode: "closest",
+      xaxis: {title: {text: c.x}, type: wide ? "log" : "linear"}, yaxis: {title: {text: c.y}},
+      legend: {orientation: "h", y: -0.22}
+    }, {displaylogo: false, responsive: true, modeBarButtonsToRemove: ["select2d", "lasso2d"]});
+    box.on("plotly_click", function (ev) {
+      var pt = ev.points && ev.points[0];
+      if (pt && pt.customdata !== undefined && pt.customdata !== null) selectPoint(pt.customdata, true);
+    });
+    document.querySelectorAll("input[name=point]").forEach(function (r) {
+      r.addEventListener("change", function () { selectPoint(+r.value, false); });
+    });
+  }
+  function partialChart(box, c) {
+    function xs(ps) { return ps.map(function (p) { return p[1]; }); }
+    function ys(ps) { return ps.map(function (p) { return p[0]; }); }
+    Plotly.newPlot(box, [
+      {x: xs(c.all), y: ys(c.all), mode: "markers", name: "trials", marker: {color: "#bbb", size: 5},
+       hovertemplate: "trial: %{y:.4f}, %{x:,} B<extra></extra>"},
+      {x: xs(c.front), y: ys(c.front), mode: "lines+markers", name: "front so far",
+       line: {shape: "hv", color: "#1f77b4"}, marker: {size: 9},
+       hovertemplate: "front: %{y:.4f}, %{x:,} B<extra></extra>"}
+    ], {height: 380, margin: {l: 64, r: 10, t: 10, b: 48}, hovermode: "closest",
+        xaxis: {title: {text: c.x}}, yaxis: {title: {text: c.y}}, legend: {orientation: "h", y: -0.25}},
+    {displaylogo: false, responsive: true});
+  }
+  var resultsBox = $("results-chart");
+  if (D.chart && resultsBox) {
+    if (window.Plotly && D.chart.kind === "front") frontChart(resultsBox, D.chart);
+    else if (window.Plotly && D.chart.kind === "partial") partialChart(resultsBox, D.chart);
+    else if (D.chart.kind === "partial") drawFront(resultsBox, D.chart.all, D.chart.front, D.chart);
+    else drawFront(resultsBox, D.chart.points.map(function (p) { return [p.metric, p.size]; }),
+                   D.chart.points.filter(function (p) { return p.shown; })
+                     .map(function (p) { return [p.metric, p.size]; })
+                     .sort(function (a, b) { return a[1] - b[1]; }),
+                   {x: D.chart.x, y: D.chart.y,
+                    marks: D.chart.marks.map(function (m) { return [m.metric, m.size]; })});
+  }
   function render(status) {
     var job = status.job, p = status.progress;
     var state = $("job-state");
@@ -126,7 +236,23 @@
       state.className = "state " + job.state;
     }
     if (!p) return;
-    var bar = p.bar, text = p.stage;
+    var all = p.overall;
+    if (all) {
+      var stage = all.phases[all.index];
+      var t = "Step " + (all.index + 1) + " of " + all.phases.length + ": " + stage + " · " +
+        clock(all.elapsed) + " elapsed";
+      if (all.left !== null && all.left !== undefined)
+        t += " · " + (all.upper ? "at most about " : "about ") + clock(all.left) + " left (an estimate)";
+      $("overall-text").textContent = t;
+      var ob = $("overall-bar");
+      if (all.fraction !== null && all.fraction !== undefined) { ob.max = 1; ob.value = all.fraction; }
+      else ob.removeAttribute("value");  // indeterminate until the time left can be told
+      $("overall-note").textContent = "Stages: " + all.phases.map(function (name, i) {
+        return (i < all.index ? "\u2713 " : i === all.index ? "\u25b6 " : "") + name;
+      }).join(" \u2192 ") + (all.notes.length ? ". " + all.notes.join("; ")
+        .replace(/^./, function (ch) { return ch.toUpperCase(); }) + "." : "");
+    }
+    var bar = p.bar, text = "This stage: " + p.stage;
     if (bar) text += ": " + bar.done + "/" + bar.total + ", " + clock(bar.elapsed) + " elapsed, " +
       clock(bar.left) + " left in this stage";
     $("progress-text").textContent = text;

@@ -1,13 +1,46 @@
-"""Target toolchains in the loop: vendor compilers and simulators behind one interface.
+"""Target toolchains in the loop: the vendor's compiler or emulator checks what we export.
 
-Each adapter (:class:`RknnToolchain` for Rockchip's RKNN-Toolkit2) compiles our QDQ export with
-the vendor's own toolchain and reports placement, cost, the deployable artifact and the
-target's own numerics.
+``toolchain(name)`` returns the adapter for ``name`` from the explicit :data:`TOOLCHAINS`
+table (each entry imports its module only when asked for, so a missing vendor package costs
+nothing until it is used). Every adapter implements :class:`Toolchain`.
 """
 
 from __future__ import annotations
 
-from mpsearch.targets._base import Compiled, Placement, TargetError, Toolchain
-from mpsearch.targets._rknn import RknnToolchain
+import importlib
 
-__all__ = ["Compiled", "Placement", "RknnToolchain", "TargetError", "Toolchain"]
+from mpsearch.errors import TargetError
+from mpsearch.targets._base import ACCELERATOR, CPU, Compiled, Placement, Toolchain
+
+__all__ = ["ACCELERATOR", "CPU", "TOOLCHAINS", "Compiled", "Placement", "RknnToolchain",
+           "TargetError", "Toolchain", "VelaToolchain", "toolchain"]
+
+#: Toolchain name -> "module:class" of its adapter (imported on first use).
+TOOLCHAINS: dict[str, str] = {
+    "qnn": "mpsearch.targets._qnn:QnnToolchain",
+    "rknn": "mpsearch.targets._rknn:RknnToolchain",
+    "vela": "mpsearch.targets._vela:VelaToolchain",
+}
+
+
+def toolchain(name: str) -> Toolchain:
+    """A new adapter for toolchain ``name`` (:class:`TargetError` listing the known ones)."""
+    if name not in TOOLCHAINS:
+        raise TargetError(f"unknown toolchain {name!r}; known: {', '.join(sorted(TOOLCHAINS))}")
+    module, cls = TOOLCHAINS[name].split(":")
+    adapter: Toolchain = getattr(importlib.import_module(module), cls)()
+    return adapter
+
+
+def __getattr__(name: str) -> object:
+    """``VelaToolchain`` / ``RknnToolchain`` on first use, so importing the package loads no
+    vendor module."""
+    if name == "VelaToolchain":
+        from mpsearch.targets._vela import VelaToolchain
+
+        return VelaToolchain
+    if name == "RknnToolchain":
+        from mpsearch.targets._rknn import RknnToolchain
+
+        return RknnToolchain
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,8 +23,9 @@ import numpy as np
 import onnx
 from onnx import version_converter
 
+from mpsearch.errors import TargetError
 from mpsearch.targets import _rknn_env as rknn_env
-from mpsearch.targets._base import Compiled, TargetError
+from mpsearch.targets._base import Compiled
 from mpsearch.targets._rknn_table import cost_of, parse_layers, place, plain_float
 
 __all__ = ["RknnToolchain"]
@@ -39,12 +40,13 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _REQUEST = "rknn_request.json"
 
 
-def _for_toolkit(model: onnx.ModelProto) -> onnx.ModelProto:
+def _for_toolkit(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
     """``model`` at opset <= 19 and an IR version onnx 1.18 reads."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset > MAX_OPSET:
         try:
             model = version_converter.convert_version(model, MAX_OPSET)
+            notes.append(f"opset {opset} lowered to {MAX_OPSET} (the toolkit's limit)")
         except Exception as e:  # the converter raises bare RuntimeErrors
             raise TargetError(f"RKNN-Toolkit2 loads ONNX opset <= {MAX_OPSET}; this model is "
                               f"opset {opset} and onnx's converter failed ({e}); export it "
@@ -55,8 +57,8 @@ def _for_toolkit(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _static_shapes(model: onnx.ModelProto,
-                   calibration: Sequence[Mapping[str, np.ndarray]]) -> dict[str, list[int]]:
+def _static_shapes(model: onnx.ModelProto, calibration: Sequence[Mapping[str, np.ndarray]],
+                   notes: list[str]) -> dict[str, list[int]]:
     """Graph input -> the static shape the toolkit builds for: the first calibration sample's."""
     if not calibration:
         raise TargetError("RKNN compile: no calibration sample given; one sample fixes the "
@@ -73,8 +75,9 @@ def _static_shapes(model: onnx.ModelProto,
         shapes[graph_input.name] = [int(d) for d in np.shape(sample[graph_input.name])]
         dims = graph_input.type.tensor_type.shape.dim
         if any(not d.HasField("dim_value") for d in dims):
-            logger.info("rknn: input %s fixed to shape %s (the toolkit needs static shapes)",
-                        graph_input.name, shapes[graph_input.name])
+            notes.append(f"input {graph_input.name} fixed to shape {shapes[graph_input.name]} "
+                         "(the toolkit needs static shapes)")
+            logger.info("rknn: %s", notes[-1])
     return shapes
 
 
@@ -155,8 +158,13 @@ class RknnToolchain:
                               f"{sorted(_SETTINGS)}")
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
-        shapes = _static_shapes(model, calibration)
-        onnx.save(_for_toolkit(plain_float(model)), str(workdir / "model.onnx"))
+        notes: list[str] = []
+        shapes = _static_shapes(model, calibration, notes)
+        plain = plain_float(model)
+        if len(plain.graph.node) != len(model.graph.node):
+            notes.append("float16 emulation (Cast round trips, float16-stored weights) undone: "
+                         "the toolkit runs float layers in FP16 itself")
+        onnx.save(_for_toolkit(plain, notes), str(workdir / "model.onnx"))
         request: dict[str, Any] = {
             "command": "compile", "model": str(workdir / "model.onnx"), "inputs": list(shapes),
             "shapes": list(shapes.values()),
@@ -177,7 +185,8 @@ class RknnToolchain:
                     len(layers), sum(la.target.startswith("CPU") for la in layers))
         return Compiled(toolchain=self.name, version=str(result.get("version", "")),
                         placements=place(model, layers, log), cost=cost_of(layers, log),
-                        artifact=Path(request["artifact"]), log=log)
+                        artifact=Path(request["artifact"]), log=log, notes=tuple(notes),
+                        settings=dict(settings), source=Path(request["model"]))
 
     def run(self, compiled: Compiled, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """The simulator's outputs for ``inputs`` (stacked samples along axis 0, in multiples

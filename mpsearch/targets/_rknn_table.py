@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from mpsearch.targets._base import Placement, TargetError
+from mpsearch.errors import TargetError
+from mpsearch.targets._base import ACCELERATOR, CPU, Placement
 
 __all__ = ["Layer", "cost_of", "parse_layers", "place", "plain_float"]
 
@@ -77,11 +78,15 @@ def _reason(layer: Layer, log: str) -> str:
     return f"RKNN-Toolkit2 placed this {layer.op} layer ({layer.dtype}) on the CPU"
 
 
-def _placement(node: str, layer: Layer, log: str, how: str = "") -> Placement:
+def _placement(node: str, layer: Layer, log: str, how: str = "",
+               own: bool = True) -> Placement:
+    """``node`` on ``layer``; ``own``: the layer is the node's own (it carries the cycles),
+    not one the node was fused into."""
     cpu = layer.target.upper().startswith("CPU")
     reason = _reason(layer, log) if cpu else how
-    return Placement(node=node, unit="cpu" if cpu else "accelerator",
-                     precision=_PRECISION.get(layer.dtype, layer.dtype.lower()), reason=reason)
+    return Placement(node=node, unit=CPU if cpu else ACCELERATOR,
+                     precision=_PRECISION.get(layer.dtype, layer.dtype.lower()), reason=reason,
+                     cycles=float(layer.cycles) if own else None)
 
 
 def _cast_to(node: onnx.NodeProto) -> int:
@@ -197,17 +202,21 @@ def place(model: onnx.ModelProto, layers: Sequence[Layer], log: str = "") -> tup
         return None
 
     placements: list[Placement] = []
+    claimed: set[str] = set()  # layers whose cycles a node already carries
     for node in graph.node:
         if node.name in skip:
             continue
         entry = found.get(node.name)
+        own = entry is not None and entry[0].name not in claimed
         if entry is None:
             near = nearest(node)
             if near is None:
                 raise TargetError(f"RKNN build of {graph.name or 'the model'}: node "
                                   f"{node.name!r} matches no layer of the toolkit's table")
             entry = (near[0], f"fused by the toolkit into layer {near[0].name}")
-        placements.append(_placement(node.name, entry[0], log, entry[1]))
+        if own:
+            claimed.add(entry[0].name)
+        placements.append(_placement(node.name, entry[0], log, entry[1], own))
     return tuple(placements)
 
 

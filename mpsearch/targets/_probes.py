@@ -1,0 +1,232 @@
+"""Op x format probes: does the toolchain run what a profile claims?
+
+Consumes a profile (its ``toolchain``, formats and op rules); for each probed op type builds
+a tiny one-op float model, quantizes it with our own builder at each of the profile's formats
+(under a copy of the profile whose rule for that op allows every format, so a format the
+profile leaves out is probed too), compiles it with the toolchain and compares: where the
+toolchain places the op and in which precision against what the profile claims, and the
+toolchain's output against ONNX Runtime's CPU EP on the same QDQ model. Produces one
+:class:`ProbeResult` per (op, format).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from mpsearch.assignment import make_assignment
+from mpsearch.calibration import calibrate
+from mpsearch.data import Dataset
+from mpsearch.errors import MpsearchError
+from mpsearch.graph import load_model
+from mpsearch.profiles import HardwareProfile, OpRule
+from mpsearch.quantize import Quantizer
+from mpsearch.runtime import create_session
+from mpsearch.targets._base import ACCELERATOR, Toolchain
+
+__all__ = ["PROBES", "SKIPPED", "ProbeResult", "check_profile", "probe_model"]
+
+OPSET = 20
+SHAPE = (1, 4, 8, 8)
+SKIPPED = "skipped"
+#: Largest |toolchain - ORT CPU| of a probe, over the ORT output's range, that still agrees.
+TOLERANCE = 0.05
+
+_Spec = tuple[dict[str, object], list[np.ndarray | tuple[str, np.ndarray]]]
+
+
+#: Input shapes of probes that do not take the default one.
+_SHAPES = {"Gemm": (1, 8), "Squeeze": (1, 4, 1, 8)}
+
+
+def _w(*shape: int) -> np.ndarray:
+    return np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+
+
+def _i(*values: int) -> np.ndarray:
+    return np.array(values, np.int64)
+
+
+#: op type -> (attributes, extra inputs after x: arrays become initializers).
+PROBES: dict[str, Callable[[], _Spec]] = {
+    "Conv": lambda: ({"pads": [1, 1, 1, 1]}, [_w(4, 4, 3, 3), _w(4)]),
+    "ConvTranspose": lambda: ({"strides": [2, 2]}, [_w(4, 4, 2, 2), _w(4)]),
+    "MatMul": lambda: ({}, [_w(8, 8)]),
+    "Gemm": lambda: ({"transB": 1}, [_w(8, 8), _w(8)]),
+    **{op: (lambda: ({}, [_w(*SHAPE)])) for op in ("Add", "Sub", "Mul", "Max", "Min")},
+    "Div": lambda: ({}, [np.abs(_w(*SHAPE)) + 0.5]),
+    **{op: (lambda: ({}, [])) for op in ("Sigmoid", "Tanh", "HardSigmoid", "Relu", "HardSwish",
+                                         "Erf", "Gelu", "GlobalAveragePool", "Identity")},
+    "LeakyRelu": lambda: ({"alpha": 0.1}, []),
+    "Softmax": lambda: ({"axis": -1}, []),
+    "Clip": lambda: ({}, [np.array(-1.0, np.float32), np.array(1.0, np.float32)]),
+    "PRelu": lambda: ({}, [np.abs(_w(4, 1, 1)) * 0.1]),
+    "Concat": lambda: ({"axis": 1}, [_w(*SHAPE)]),
+    "AveragePool": lambda: ({"kernel_shape": [2, 2], "strides": [2, 2]}, []),
+    "MaxPool": lambda: ({"kernel_shape": [2, 2], "strides": [2, 2]}, []),
+    "LayerNormalization": lambda: ({"axis": -1}, [np.abs(_w(8)) + 0.5, _w(8)]),
+    "InstanceNormalization": lambda: ({}, [np.abs(_w(4)) + 0.5, _w(4)]),
+    "BatchNormalization": lambda: ({}, [np.abs(_w(4)) + 0.5, _w(4), _w(4),
+                                        np.abs(_w(4)) + 0.5]),
+    "Resize": lambda: ({"mode": "nearest"}, [("", np.zeros(0, np.float32)),
+                                             np.array([1, 1, 2, 2], np.float32)]),
+    "ReduceMean": lambda: ({"keepdims": 1}, [_i(-1)]),
+    "Pad": lambda: ({}, [_i(0, 0, 1, 1, 0, 0, 1, 1)]),
+    "Reshape": lambda: ({}, [_i(1, 4, 64)]),
+    "Flatten": lambda: ({"axis": 1}, []),
+    "Transpose": lambda: ({"perm": [0, 2, 3, 1]}, []),
+    "Squeeze": lambda: ({}, [_i(2)]),
+    "Unsqueeze": lambda: ({}, [_i(1)]),
+    "Gather": lambda: ({"axis": 1}, [_i(0, 2)]),
+    "Slice": lambda: ({}, [_i(0), _i(4), _i(3)]),
+    "Split": lambda: ({"axis": 1, "num_outputs": 2}, []),
+    "DepthToSpace": lambda: ({"blocksize": 2}, []),
+    "SpaceToDepth": lambda: ({"blocksize": 2}, []),
+    "Where": lambda: ({}, [("cond", _w(*SHAPE) > 0), _w(*SHAPE)]),
+}
+
+
+def probe_model(op_type: str) -> onnx.ModelProto:
+    """A float model of one ``op_type`` node named ``probe`` reading input ``x`` (1x4x8x8)."""
+    attrs, extras = PROBES[op_type]()
+    inputs, inits = ["x"], []
+    for k, extra in enumerate(extras):
+        name, value = extra if isinstance(extra, tuple) else (f"c{k}", extra)
+        if not name:  # an omitted optional input
+            inputs.append("")
+            continue
+        inits.append(numpy_helper.from_array(value, name))
+        inputs.append(name)
+    if op_type == "Where":  # the condition comes first
+        inputs = [inputs[1], "x", inputs[2]]
+    outputs = ["y", "y2"] if op_type == "Split" else ["y"]
+    node = helper.make_node(op_type, inputs, outputs, name="probe", **attrs)  # type: ignore[arg-type]
+    shape = list(_SHAPES.get(op_type, SHAPE))
+    graph = helper.make_graph(
+        [node], f"probe_{op_type}", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     shape)],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    return onnx.shape_inference.infer_shapes(model)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeResult:
+    """One (op, format) probe: the profile's claim, the toolchain's placement and precision
+    (with its reason when not on the accelerator), the output error against ONNX Runtime's
+    CPU EP (max |difference| over the output range) and whether it all agrees."""
+
+    op_type: str
+    format: str
+    claimed: str        # "accelerator", "cpu" or "no" (the profile does not offer it)
+    unit: str           # the toolchain's: "accelerator", "cpu", "error" or "skipped"
+    precision: str
+    expected: str       # the precision the format's activations call for
+    error: float | None
+    reason: str = ""
+
+    @property
+    def agrees(self) -> bool:
+        """The toolchain does what the profile claims: runs the op on the accelerator in the
+        format's precision, as ONNX Runtime computes it (within :data:`TOLERANCE`), when the
+        profile offers the format there; does not when the profile says the CPU or does not
+        offer it. A toolchain error (the model does not compile) agrees only with a format the
+        profile does not offer; a probe our
+        builder cannot make (``skipped``) checks nothing."""
+        if self.unit == SKIPPED:
+            return True
+        if self.unit == "error":  # the toolchain cannot take the model at all
+            return self.claimed == "no"
+        if self.claimed == "no":
+            return self.unit != ACCELERATOR or self.precision != self.expected
+        if self.claimed == "cpu":
+            return self.unit != ACCELERATOR
+        return (self.unit == ACCELERATOR and self.precision == self.expected
+                and self.error is not None and self.error <= TOLERANCE)
+
+
+def _expected(profile: HardwareProfile, fmt: str) -> str:
+    dtype = profile.format(fmt).activation.dtype
+    return {"float16": "fp16", "float32": "fp32"}.get(dtype, f"int{8 if '8' in dtype else 16}")
+
+
+def _claim(profile: HardwareProfile, op_type: str, fmt: str) -> str:
+    if fmt not in profile.formats_for(op_type):
+        return "no"
+    return "cpu" if profile.format(fmt).executes == "cpu_fallback" else ACCELERATOR
+
+
+def check_profile(profile: HardwareProfile, tool: Toolchain, *,
+                  ops: Sequence[str] | None = None,
+                  progress: Callable[[str], None] | None = None) -> tuple[ProbeResult, ...]:
+    """Probe ``ops`` (default: every op the profile lists that has a probe, and Erf) at every
+    format of ``profile`` with ``tool`` (its settings from the profile)."""
+    settings = {} if profile.toolchain is None else dict(profile.toolchain.settings)
+    names = list(ops) if ops is not None else [o for o in profile.op_rules if o in PROBES]
+    if ops is None and "Erf" not in names:
+        names.append("Erf")
+    results: list[ProbeResult] = []
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="mpsearch-probe-") as tmp:
+        for op_type in names:
+            graph = load_model(probe_model(op_type))
+            shape = _SHAPES.get(op_type, SHAPE)
+            x = rng.standard_normal((16, *shape[1:])).astype(np.float32)
+            table = calibrate(graph, Dataset(inputs={"x": x}))
+            relaxed = dataclasses.replace(profile, op_rules={
+                **profile.op_rules, op_type: dataclasses.replace(
+                    profile.op_rules.get(op_type) or OpRule(op_type=op_type, formats=()),
+                    formats=tuple(profile.formats))})
+            quantizer = Quantizer(graph, table, relaxed)
+            for fmt in profile.formats:
+                if progress is not None:
+                    progress(f"{op_type} {fmt}")
+                results.append(_probe(quantizer, tool, op_type, fmt, profile, settings, x,
+                                      Path(tmp) / f"{op_type}_{fmt}"))
+    return tuple(results)
+
+
+def _probe(quantizer: Quantizer, tool: Toolchain, op_type: str, fmt: str,
+           profile: HardwareProfile, settings: Mapping[str, object], x: np.ndarray,
+           workdir: Path) -> ProbeResult:
+    claimed, expected = _claim(profile, op_type, fmt), _expected(profile, fmt)
+    try:
+        model = quantizer.build(make_assignment(quantizer.graph, quantizer.profile,
+                                                {"probe": fmt}))
+    except MpsearchError as e:  # our builder cannot make it: nothing to ask the toolchain
+        return ProbeResult(op_type=op_type, format=fmt, claimed=claimed, unit=SKIPPED,
+                           precision="-", expected=expected, error=None,
+                           reason=f"not built: {e}"[:300])
+    try:
+        compiled = tool.compile(model, workdir, calibration=[{"x": x[:1]}], settings=settings)
+    except MpsearchError as e:
+        return ProbeResult(op_type=op_type, format=fmt, claimed=claimed, unit="error",
+                           precision="-", expected=expected, error=None, reason=str(e)[:300])
+    if not any(n.name == "probe" for n in model.graph.node):
+        return ProbeResult(op_type=op_type, format=fmt, claimed=claimed, unit=SKIPPED,
+                           precision="-", expected=expected, error=None,
+                           reason="not built: our builder folds it into the QuantizeLinear "
+                                  "before it")
+    placed = [p for p in compiled.placements if p.node == "probe"]
+    unit = placed[0].unit if placed else "cpu"
+    precision = placed[0].precision if placed else "-"
+    reason = placed[0].reason if placed else "the node is not in the compiled model"
+    try:
+        reference = create_session(model).run({"x": x})
+        target = np.concatenate([tool.run(compiled, {"x": x[i:i + 1]})[0]
+                                 for i in range(len(x))])
+    except MpsearchError as e:
+        return ProbeResult(op_type=op_type, format=fmt, claimed=claimed, unit="error",
+                           precision=precision, expected=expected, error=None,
+                           reason=f"compiled, but running it failed: {e}"[:300])
+    ref = reference[model.graph.output[0].name].astype(np.float64)
+    span = float(ref.max() - ref.min()) or 1.0
+    error = float(np.abs(target.astype(np.float64) - ref).max()) / span
+    return ProbeResult(op_type=op_type, format=fmt, claimed=claimed, unit=unit,
+                       precision=precision, expected=expected, error=error, reason=reason)

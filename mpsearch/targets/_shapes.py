@@ -1,0 +1,91 @@
+"""Static shapes of every tensor of a QDQ model, with dynamic input dimensions fixed.
+
+Toolchains compile static graphs. A dynamic dimension takes the calibration data's size, except
+the leading (batch) one, which is fixed to 1: one sample per inference, as a device runs it.
+Q/DQ nodes (standard or ``com.microsoft``) are read as Identity for the shape pass, so 16-bit
+grids at any opset infer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from mpsearch.errors import TargetError
+
+__all__ = ["fixed_input_shapes", "static_shapes"]
+
+
+def fixed_input_shapes(model: onnx.ModelProto,
+                       calibration: Sequence[Mapping[str, np.ndarray]]
+                       ) -> dict[str, tuple[int, ...]]:
+    """Each graph input's static shape: its own dims, dynamic ones from the first calibration
+    sample (batch fixed to 1)."""
+    inits = {i.name for i in model.graph.initializer}
+    sample = calibration[0] if calibration else {}
+    shapes = {}
+    for inp in model.graph.input:
+        if inp.name in inits:
+            continue
+        dims = inp.type.tensor_type.shape.dim
+        data = sample.get(inp.name)
+        fixed = []
+        for k, d in enumerate(dims):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                fixed.append(int(d.dim_value))
+            elif k == 0:
+                fixed.append(1)
+            elif data is not None and data.ndim == len(dims):
+                fixed.append(int(data.shape[k]))
+            else:
+                raise TargetError(f"input '{inp.name}' dimension {k} is dynamic and no "
+                                  "calibration sample gives its size; pass calibration data")
+        shapes[inp.name] = tuple(fixed)
+    return shapes
+
+
+def static_shapes(model: onnx.ModelProto, inputs: Mapping[str, tuple[int, ...]]
+                  ) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape after ONNX shape inference on ``inputs``' shapes."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph
+    inits = {i.name: i for i in graph.initializer}
+    nodes = []
+    for node in graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            if node.op_type == "DequantizeLinear" and node.input[0] in inits:
+                dims = tuple(inits[node.input[0]].dims)
+                graph.initializer.append(numpy_helper.from_array(
+                    np.zeros(dims, np.float32), node.output[0]))
+                continue
+            nodes.append(helper.make_node("Identity", [node.input[0]], list(node.output),
+                                          name=node.name))
+        else:
+            nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    for inp in graph.input:
+        if inp.name in inputs:
+            for d, size in zip(inp.type.tensor_type.shape.dim, inputs[inp.name], strict=True):
+                d.Clear()
+                d.dim_value = size
+    del graph.value_info[:]
+    for out in graph.output:
+        out.type.tensor_type.ClearField("shape")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(copy, strict_mode=True, data_prop=True)
+    except onnx.shape_inference.InferenceError as e:
+        raise TargetError(f"shape inference failed on the fixed input shapes: {e}") from e
+    shapes: dict[str, tuple[int, ...]] = {}
+    for info in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        dims = info.type.tensor_type.shape.dim
+        if info.type.tensor_type.HasField("shape") and all(d.HasField("dim_value")
+                                                           for d in dims):
+            shapes[info.name] = tuple(int(d.dim_value) for d in dims)
+    for init in inferred.graph.initializer:
+        shapes.setdefault(init.name, tuple(init.dims))
+    return shapes

@@ -1,0 +1,298 @@
+"""One ONNX node (of our QDQ export) -> TFLite operators, by the writer tables
+(:data:`._tflite_writers.WRITERS`, :data:`._tflite_moves.MOVE_WRITERS`).
+
+:func:`lower_node` decides whether the node is written integer (its activation inputs are
+quantized tensors and each output is read by one QuantizeLinear alone) or float32 (behind
+DEQUANTIZE), then calls the node's writer with a :class:`Node` context. Data movement
+(:data:`MOVES`) keeps the input's grid either way: the values are moved, not computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Set
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from mpsearch.targets._tflite_gelu import Gelu
+from mpsearch.targets._tflite_lower import TO_NHWC, Lowering, QParams, Value
+
+__all__ = ["Node", "lower_node", "lower_qdq", "nhwc_const", "refuse"]
+
+#: Data movement: the output is on the input's grid.
+MOVES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Gather",
+                   "Identity", "Split", "Slice", "Pad", "MaxPool", "Expand", "ReduceMax",
+                   "GlobalMaxPool"})
+#: Ops whose constant inputs are tensors of the computation (a float one keeps the node float).
+CONSTANT_OPERANDS = frozenset({"Conv", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Max",
+                               "Min", "Concat", "PRelu", "LayerNormalization"})
+#: TFLite integer kernels whose output grid is fixed: (int8 scale, zero), (int16 scale, zero).
+FIXED = {"LOGISTIC": ((1 / 256, -128), (1 / 32768, 0)), "SOFTMAX": ((1 / 256, -128),
+         (1 / 32768, 0)), "TANH": ((1 / 128, 0), (1 / 32768, 0))}
+
+
+#: Where LOGISTIC and TANH are flat to int16 precision (tanh(16) = 1 - 3e-14).
+_SATURATE = 16.0
+
+
+@dataclass(slots=True)
+class Node:
+    """One node being written: its inputs as values, its outputs' grids (None: float)."""
+
+    low: Lowering
+    proto: onnx.NodeProto
+    ins: list[Value | None]
+    out_q: list[QParams | None]
+    out_names: list[str]
+
+    @property
+    def name(self) -> str:
+        return self.proto.name
+
+    @property
+    def quantized(self) -> bool:
+        return self.out_q[0] is not None
+
+    def attr(self, name: str, default: object = None) -> object:
+        for a in self.proto.attribute:
+            if a.name == name:
+                return helper.get_attribute_value(a)
+        return default
+
+    def number(self, name: str, default: float) -> float:
+        value = self.attr(name, default)
+        return float(value) if isinstance(value, (int, float)) else default
+
+    def integer(self, name: str, default: int) -> int:
+        value = self.attr(name, default)
+        return int(value) if isinstance(value, int) else default
+
+    def ints(self, name: str, default: list[int]) -> list[int]:
+        value = self.attr(name)
+        return [int(v) for v in value] if isinstance(value, list) else default
+
+    def x(self, i: int = 0, nhwc: bool | None = None) -> Value:
+        """Input ``i`` as a TFLite tensor (float when the node is written float)."""
+        value = self.ins[i]
+        if value is None:
+            raise ValueError(f"input {i} missing")
+        if value.constant:
+            if self.quantized and value.codes is not None and value.q is not None:
+                index = self.low.const(f"{self.name}_k{i}", value.codes, value.q)
+                return Value(shape=value.shape, index=index, q=value.q)
+            value = self.low.as_float(value, self.name)
+        elif not self.quantized:
+            value = self.low.as_float(value, self.name)
+        if nhwc is not None:
+            value = self.low.relayout(value, nhwc, self.name)
+        return value
+
+    def const_array(self, i: int) -> np.ndarray | None:
+        value = self.ins[i] if i < len(self.ins) else None
+        return None if value is None or not value.constant else value.real()
+
+    def kind(self, value: Value) -> str:
+        """The TFLite dtype of a written value."""
+        return "float32" if value.index is None else self.low.flat.tensors[value.index].dtype
+
+    def output(self, i: int, shape: tuple[int, ...], nhwc: bool = False,
+               q: QParams | None = None, dtype: str | None = None) -> Value:
+        grid = q if q is not None else self.out_q[i]
+        value = Value(shape=shape, q=grid, nhwc=nhwc and len(shape) == 4)
+        index = self.low.tensor(self.out_names[i], self.low.tflite_shape(value), grid,
+                                dtype=None if grid is not None else dtype)
+        return Value(shape=shape, index=index, q=grid, nhwc=value.nhwc)
+
+    def emit(self, code: str, inputs: tuple[int, ...], out: Value, options: str | None = None,
+             **fields: object) -> Value:
+        assert out.index is not None
+        self.low.flat.op(code, inputs, (out.index,), self.name, options, **fields)
+        return out
+
+    def fixed(self, code: str, x: Value, shape: tuple[int, ...], options: str | None = None,
+              **fields: object) -> Value:
+        """An op whose integer output grid TFLite fixes; requantized to ours when it differs."""
+        want = self.out_q[0]
+        x = self._saturating_input(code, x)
+        if want is None or x.index is None:
+            return self.emit(code, (x.index or 0,), self.output(0, shape, x.nhwc), options,
+                             **fields)
+        scale, zero = FIXED[code][0 if want.dtype == "int8" else 1]
+        grid = QParams(scale=np.array([scale], np.float32), zero=np.array([zero], want.zero.dtype),
+                       dtype=want.dtype)
+        if grid.same(want):
+            return self.emit(code, (x.index,), self.output(0, shape, x.nhwc), options, **fields)
+        mid = Value(shape=shape, q=grid, nhwc=x.nhwc)
+        mid = Value(shape=shape, q=grid, nhwc=x.nhwc, index=self.low.tensor(
+            f"{self.out_names[0]}_fixed", self.low.tflite_shape(mid), grid))
+        self.emit(code, (x.index,), mid, options, **fields)
+        return self.emit("QUANTIZE", (mid.index or 0,), self.output(0, shape, x.nhwc))
+
+
+    def _saturating_input(self, code: str, x: Value) -> Value:
+        """An int16 LOGISTIC/TANH input requantized onto [-16, 16) when its grid is wider.
+
+        TFLite's int16 kernels overflow for input scales of about 10 and more (measured: a
+        TANH at input scale 10 is off by 2.0); both functions are flat to within an output
+        step beyond |x| = 16, so the saturating requantization changes no result."""
+        if (code not in ("LOGISTIC", "TANH") or x.q is None or x.q.dtype != "int16"
+                or x.index is None or float(x.q.scale.max()) <= _SATURATE / 32768):
+            return x
+        grid = QParams(scale=np.array([_SATURATE / 32768], np.float32),
+                       zero=np.zeros(1, np.int64), dtype="int16")
+        narrow = Value(shape=x.shape, q=grid, nhwc=x.nhwc)
+        index = self.low.tensor(f"{self.low.flat.tensors[x.index].name}_sat",
+                                self.low.tflite_shape(narrow), grid)
+        self.low.flat.op("QUANTIZE", (x.index,), (index,), self.name)
+        return Value(shape=x.shape, index=index, q=grid, nhwc=x.nhwc)
+
+
+Writer = Callable[[Node], "list[Value] | None"]
+
+
+def lower_qdq(low: Lowering, node: onnx.NodeProto) -> None:
+    """DequantizeLinear: a quantized constant, or the integer tensor it reads; QuantizeLinear:
+    an alias when the value is already on its grid, else a QUANTIZE operator."""
+    q = low.qparams(node)
+    src, out = node.input[0], node.output[0]
+    if node.op_type == "DequantizeLinear":
+        if src in low.inits:
+            codes = low.inits[src]
+            low.values[out] = Value(shape=codes.shape, codes=codes, q=q)
+        else:
+            low.values[out] = low.values[src]
+        return
+    if node.name in low.fused:
+        return
+    value = low.values[src]
+    if value.constant:
+        real = value.real()
+        codes = np.clip(np.round(real / q.scale) + q.zero, *_limits(q.dtype)).astype(q.dtype)
+        low.values[out] = Value(shape=value.shape, codes=codes, q=q)
+    elif value.q is not None and value.q.same(q):
+        low.values[out] = value
+    else:
+        assert value.index is not None
+        target = Value(shape=value.shape, q=q, nhwc=value.nhwc)
+        index = low.tensor(out, low.tflite_shape(target), q)
+        low.flat.op("QUANTIZE", (value.index,), (index,), node.name)
+        low.values[out] = Value(shape=value.shape, index=index, q=q, nhwc=value.nhwc)
+
+
+def _input(low: Lowering, tensor: str) -> Value | None:
+    """A node input: a value written so far, or a plain initializer (shapes, indices, float
+    parameters of a node the assignment keeps float); None for an omitted optional input."""
+    if not tensor:
+        return None
+    if tensor in low.values:
+        return low.values[tensor]
+    if tensor in low.inits:
+        array = low.inits[tensor]
+        return Value(shape=array.shape, array=array.astype(np.float32)
+                     if array.dtype.kind == "f" else array)
+    raise _Refused(f"input '{tensor}' is neither computed before the node nor an initializer")
+
+
+def _limits(dtype: str) -> tuple[int, int]:
+    info = np.iinfo(np.dtype(dtype))
+    return int(info.min), int(info.max)
+
+
+def _fused_grids(low: Lowering, node: onnx.NodeProto, outputs: Set[str]
+                 ) -> list[onnx.NodeProto] | None:
+    """The QuantizeLinear reading each output, when each output has exactly one reader and it
+    is one; else None (the node is written float)."""
+    found = []
+    for out in node.output:
+        readers = low.consumers.get(out, [])
+        if out in outputs or len(readers) != 1 or readers[0].op_type != "QuantizeLinear":
+            return None
+        found.append(readers[0])
+    return found
+
+
+def lower_node(low: Lowering, node: onnx.NodeProto, outputs: Set[str]) -> None:
+    """Write ``node`` (see the module docstring); records its outputs in ``low.values``."""
+    from mpsearch.targets._tflite_moves import MOVE_WRITERS
+    from mpsearch.targets._tflite_writers import WRITERS
+
+    writer = WRITERS.get(node.op_type) or MOVE_WRITERS.get(node.op_type)
+    if writer is None:
+        low.refuse(node, "no TFLite builtin operator is written for this op type")
+        return
+    try:
+        ins = [_input(low, t) for t in node.input]
+    except _Refused as e:
+        low.refuse(node, str(e))
+        return
+    activations = [v for v in ins if v is not None and not v.constant]
+    quantized_in = bool(activations) and all(v.q is not None for v in activations)
+    if node.op_type in MOVES:
+        grid = activations[0].q if activations else None
+        ctx = Node(low, node, ins, [grid] * len(node.output), list(node.output))
+        _record(low, node, ctx, writer, list(node.output))
+        return
+    float_constant = node.op_type in CONSTANT_OPERANDS and any(
+        v is not None and v.constant and v.codes is None for v in ins)
+    readers = _fused_grids(low, node, outputs) if quantized_in and not float_constant else None
+    if readers is None:
+        ctx = Node(low, node, ins, [None] * len(node.output), list(node.output))
+        _record(low, node, ctx, writer, list(node.output))
+        return
+    grids = [low.qparams(r) for r in readers]
+    names = [r.output[0] for r in readers]
+    if _record(low, node, Node(low, node, ins, list(grids), names), writer, names):
+        low.fused.update(r.name for r in readers)
+
+
+def lower_gelu(low: Lowering, div: onnx.NodeProto, gelu: Gelu, outputs: Set[str]) -> None:
+    """One GELU operator for a matched erf pattern (:mod:`._tflite_gelu`): integer from the
+    input's grid to the QuantizeLinear after the pattern, else float."""
+    x = low.values.get(gelu.x)
+    if x is None or x.constant:
+        low.refuse(div, "GELU of a constant")
+        return
+    readers = low.consumers.get(gelu.output, [])
+    single_q = (len(readers) == 1 and readers[0].op_type == "QuantizeLinear"
+                and gelu.output not in outputs)
+    if x.q is not None and single_q:
+        grid, name = low.qparams(readers[0]), readers[0].output[0]
+        low.fused.add(readers[0].name)
+    else:
+        grid, name = None, gelu.output
+    n = Node(low, div, [x], [grid], [name])
+    value = n.x(0)
+    out = n.emit("GELU", (value.index or 0,), n.output(0, value.shape, value.nhwc),
+                 "GeluOptions", approximate=False)
+    low.flat.ops[-1].also = gelu.nodes[1:]
+    low.values[name] = out
+
+
+def _record(low: Lowering, node: onnx.NodeProto, ctx: Node, writer: Writer,
+            names: list[str]) -> bool:
+    try:
+        made = writer(ctx)
+    except _Refused as e:
+        low.refuse(node, str(e))
+        return False
+    for name, value in zip(names, made or [], strict=False):
+        low.values[name] = value
+    return True
+
+
+class _Refused(Exception):
+    """A writer cannot express this node (the message says why)."""
+
+
+def refuse(why: str) -> _Refused:
+    return _Refused(why)
+
+
+def nhwc_const(array: np.ndarray, rank: int, nhwc: bool) -> np.ndarray:
+    """A broadcast constant reshaped to ``rank`` dimensions, transposed when the other operand
+    is NHWC."""
+    full = array.reshape((1,) * (rank - array.ndim) + array.shape)
+    return np.ascontiguousarray(full.transpose(TO_NHWC)) if nhwc and rank == 4 else full
+
