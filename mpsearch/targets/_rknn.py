@@ -6,14 +6,16 @@ fixes the input shapes to the calibration sample's, lowers the opset to 19 (the 
 limit) when needed, builds with the QDQ scales as they are (``do_quantization`` false: float
 layers become FP16), exports the ``.rknn`` file and parses the verbose build's "Network Layer
 Information Table" into placements (dtype, NPU or CPU) and cost (estimated cycles). ``run``
-rebuilds the same model in the worker and runs the x86 simulator on the given inputs.
+rebuilds the same model in a worker that keeps the x86 simulator open for the next call.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import re
+import select
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -108,6 +110,8 @@ class RknnToolchain:
 
     def __init__(self, venv: Path | None = None) -> None:
         self._venv = venv
+        self._open: tuple[Path, subprocess.Popen[str]] | None = None
+        atexit.register(self.close)
 
     def missing(self) -> str | None:
         venv = self._venv or rknn_env.venv_dir()
@@ -158,6 +162,8 @@ class RknnToolchain:
                               f"{sorted(_SETTINGS)}")
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
+        if self._open is not None and self._open[0] == workdir:
+            self.close()  # its simulator runs the model this compile replaces
         notes: list[str] = []
         shapes = _static_shapes(model, calibration, notes)
         plain = plain_float(model)
@@ -190,7 +196,8 @@ class RknnToolchain:
 
     def run(self, compiled: Compiled, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """The simulator's outputs for ``inputs`` (stacked samples along axis 0, in multiples
-        of the compiled batch), one array per model output."""
+        of the compiled batch), one array per model output. The simulator of the last model
+        run stays open for the next call (one at a time), as a worker reading jobs on stdin."""
         if compiled.artifact is None or not (compiled.artifact.parent / _REQUEST).is_file():
             raise TargetError("RKNN run: this Compiled has no RKNN workdir; compile it first")
         workdir = compiled.artifact.parent
@@ -206,9 +213,80 @@ class RknnToolchain:
                                   f"the model was compiled for {shape} (stack samples on "
                                   f"axis 0 in multiples of {batch})")
             arrays[name] = array
+        worker = self._simulator(workdir, request)
         np.savez(workdir / "rknn_inputs.npz", **arrays)  # type: ignore[arg-type]
-        request.update(command="run", data=str(workdir / "rknn_inputs.npz"), batch=batch,
-                       outputs=str(workdir / "rknn_outputs.npz"))
-        self._call(request, workdir, request["timeout_s"])
-        with np.load(workdir / "rknn_outputs.npz", allow_pickle=False) as out:
+        job = {"data": str(workdir / "rknn_inputs.npz"), "inputs": request["inputs"],
+               "batch": batch, "outputs": str(workdir / "rknn_outputs.npz"),
+               "result": str(workdir / "rknn_job_result.json")}
+        Path(job["result"]).unlink(missing_ok=True)
+        assert worker.stdin is not None
+        worker.stdin.write(json.dumps(job) + "\n")
+        worker.stdin.flush()
+        self._answer(worker, workdir, "done", request["timeout_s"])
+        answer = json.loads(Path(job["result"]).read_text(encoding="utf-8"))
+        if not answer.get("ok"):
+            raise TargetError(f"RKNN run of {request['model']}: the simulator failed "
+                              f"({answer.get('error', 'no error message')}); its log: "
+                              f"{workdir / 'rknn_run.log'}")
+        with np.load(job["outputs"], allow_pickle=False) as out:
             return [out[f"output_{k}"] for k in range(len(out.files))]
+
+    def _simulator(self, workdir: Path, request: dict[str, Any]) -> subprocess.Popen[str]:
+        """The open simulator for ``workdir``, started (built once) when it is not."""
+        if self._open is not None and self._open[0] == workdir and self._open[1].poll() is None:
+            return self._open[1]
+        self.close()
+        problem = self.missing()
+        if problem is not None:
+            raise TargetError(problem)
+        serve = {**request, "command": "serve", "log": str(workdir / "rknn_run.log"),
+                 "result": str(workdir / "rknn_serve_result.json")}
+        path = workdir / "rknn_serve.json"
+        path.write_text(json.dumps(serve), encoding="utf-8")
+        Path(serve["result"]).unlink(missing_ok=True)
+        worker = subprocess.Popen(
+            [str(rknn_env.venv_python(self._venv)), str(_WORKER), str(path)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=workdir)
+        self._open = (workdir, worker)
+        try:
+            self._answer(worker, workdir, "ready", float(request["timeout_s"]))
+        except TargetError:
+            result = Path(serve["result"])
+            if result.is_file():
+                said = json.loads(result.read_text(encoding="utf-8"))
+                raise TargetError(f"RKNN run of {request['model']}: {said['stage']} failed "
+                                  f"({said.get('error', 'no error message')}); its log: "
+                                  f"{workdir / 'rknn_run.log'}") from None
+            raise
+        return worker
+
+    def _answer(self, worker: subprocess.Popen[str], workdir: Path, want: str,
+                timeout: float) -> None:
+        """Wait for the worker's ``want`` line; a crash, an exit or a timeout is a
+        TargetError (and the worker is gone)."""
+        assert worker.stdout is not None
+        ready, _, _ = select.select([worker.stdout], [], [], timeout)
+        line = worker.stdout.readline().strip() if ready else ""
+        if line == want:
+            return
+        self.close()
+        status = worker.poll()
+        what = (f"no answer in {timeout:g} s; raise settings timeout_s" if not ready else
+                f"RKNN-Toolkit2's simulator stopped (exit status {status})")
+        raise TargetError(f"RKNN run in {workdir}: {what}; its log: {workdir / 'rknn_run.log'}")
+
+    def close(self) -> None:
+        """Stop the open simulator, if any (also done when the interpreter exits)."""
+        if self._open is None:
+            return
+        _, worker = self._open
+        self._open = None
+        if worker.stdin is not None:
+            worker.stdin.close()
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        if worker.stdout is not None:
+            worker.stdout.close()
