@@ -83,6 +83,13 @@ def _static_shapes(model: onnx.ModelProto, calibration: Sequence[Mapping[str, np
     return shapes
 
 
+def _scratch(workdir: Path) -> Path:
+    """Where the toolkit drops its intermediate ``check*.onnx`` files (its working folder)."""
+    folder = workdir / "toolkit"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 def _write_dataset(workdir: Path, names: list[str],
                    calibration: Sequence[Mapping[str, np.ndarray]]) -> str:
     """The toolkit's dataset file: one line a sample, its inputs' ``.npy`` files in order."""
@@ -134,7 +141,8 @@ class RknnToolchain:
         python = rknn_env.venv_python(self._venv)
         try:
             done = subprocess.run([str(python), str(_WORKER), str(path)], capture_output=True,
-                                  text=True, errors="replace", timeout=timeout, cwd=workdir)
+                                  text=True, errors="replace", timeout=timeout,
+                                  cwd=_scratch(workdir))
         except subprocess.TimeoutExpired as e:
             raise TargetError(f"RKNN {command} of {request['model']}: no answer in {timeout:g} "
                               "s; raise settings timeout_s") from e
@@ -246,7 +254,7 @@ class RknnToolchain:
         Path(serve["result"]).unlink(missing_ok=True)
         worker = subprocess.Popen(
             [str(rknn_env.venv_python(self._venv)), str(_WORKER), str(path)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=workdir)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=_scratch(workdir))
         self._open = (workdir, worker)
         try:
             self._answer(worker, workdir, "ready", float(request["timeout_s"]))
