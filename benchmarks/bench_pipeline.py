@@ -49,11 +49,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results.py
 from _results import load_sibling, publish  # noqa: E402
 
 from mpsearch import host_int8_isa, load_data, load_model  # noqa: E402
+from mpsearch.pareto import SIZE_TIE, hypervolume  # noqa: E402
 from mpsearch.pipeline import search_run  # noqa: E402
 from mpsearch.progress import Progress  # noqa: E402
 from mpsearch.rundir import Baseline, Front, FrontPoint  # noqa: E402
 from mpsearch.runtime import create_session  # noqa: E402
-from mpsearch.search import SIZE_TIE  # noqa: E402
 from mpsearch.spec import SearchSpec, load_spec  # noqa: E402
 
 
@@ -158,19 +158,6 @@ def _x(value: float | None) -> str:
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
-
-
-def hypervolume(points: Sequence[tuple[float, float]], ref_metric: float,
-                ref_size: float) -> float:
-    """Area dominated by (metric up, size down) ``points`` inside the reference box."""
-    front = sorted((size, metric) for metric, size in points
-                   if metric > ref_metric and size < ref_size)
-    area, best = 0.0, ref_metric
-    for i, (size, metric) in enumerate(front):
-        best = max(best, metric)
-        right = front[i + 1][0] if i + 1 < len(front) else ref_size
-        area += (right - size) * (best - ref_metric)
-    return area
 
 
 #: ``--recovery`` settings by name: the spec's ``recovery`` keys each turns on.

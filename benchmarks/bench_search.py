@@ -32,6 +32,7 @@ from _results import load_sibling  # noqa: E402
 from mpsearch.analysis import Measurer  # noqa: E402
 from mpsearch.assignment import make_assignment, model_size, uniform_assignment  # noqa: E402
 from mpsearch.data import Dataset, load_data  # noqa: E402
+from mpsearch.pareto import dominates, hypervolume, nondominated  # noqa: E402
 from mpsearch.pipeline import Prepared, prepare_inputs  # noqa: E402
 from mpsearch.search._seeds import group_nodes  # noqa: E402
 from mpsearch.search._study import _Objective, run_search  # noqa: E402
@@ -41,20 +42,10 @@ FIXTURES = ROOT / "tests" / "fixtures"
 Point = tuple[float, float]  # (metric, size bytes)
 
 
-def hypervolume(points: Sequence[Point], ref_metric: float, ref_size: float) -> float:
-    """Area dominated by ``points`` (metric up, size down) inside the reference box."""
-    front = sorted((s, m) for m, s in points if m > ref_metric and s < ref_size)
-    area, best = 0.0, ref_metric
-    for i, (size, metric) in enumerate(front):
-        best = max(best, metric)
-        next_size = front[i + 1][0] if i + 1 < len(front) else ref_size
-        area += (next_size - size) * (best - ref_metric)
-    return area
-
-
 def pareto(points: Sequence[Point]) -> list[Point]:
-    return [p for p in points if not any(
-        q[0] >= p[0] and q[1] <= p[1] and (q[0] > p[0] or q[1] < p[1]) for q in points)]
+    """The non-dominated (metric, size) points (:mod:`mpsearch.pareto`'s rule)."""
+    return [points[i] for i in nondominated([(m, s, None) for m, s in points],
+                                            higher_is_better=True)]
 
 
 @dataclasses.dataclass
@@ -177,7 +168,7 @@ def bench_model(name: str, path: Path, data: Dataset, budget: int, seeds: Sequen
     ours = pareto([p for r in runs if r.method == "ours" for p in r.points])
     greedy = next(r for r in runs if r.method == "greedy").points
     dominated = [g for g in greedy if any(
-        g[0] >= o[0] and g[1] <= o[1] and (g[0] > o[0] or g[1] < o[1]) for o in ours)]
+        dominates((*g, None), (*o, None), higher_is_better=True) for o in ours)]
     int8 = next(r for r in runs if r.method == "uniform").points[0]
     close = [o for o in ours if o[0] >= fp32_metric - 0.01 and o[1] <= 1.25 * int8[1]]
     timing = [r for r in runs if r.method == "ours"]

@@ -1,7 +1,8 @@
 """Atomic file output: every file mpsearch writes appears whole or not at all.
 
 Writes go to a temporary file in the destination folder, are flushed, given the permissions a
-plain ``open()`` would give (umask applied) and renamed over the destination.
+plain ``open()`` would give (the umask read once at import, never changed) and renamed over
+the destination.
 """
 
 from __future__ import annotations
@@ -18,10 +19,22 @@ import onnx
 __all__ = ["atomic_write", "write_json", "write_model"]
 
 
-def _umask() -> int:
-    mask = os.umask(0)
+def _read_umask() -> int:
+    """The process umask, read once at import. Linux shows it in ``/proc/self/status``; elsewhere
+    ``os.umask`` must set it to read it, a process-wide change (briefly, once, at import)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+_FILE_MODE = 0o666 & ~_read_umask()
 
 
 def atomic_write(path: str | os.PathLike[str], payload: bytes | Callable[[BinaryIO], Any]
@@ -31,18 +44,29 @@ def atomic_write(path: str | os.PathLike[str], payload: bytes | Callable[[Binary
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
-        with os.fdopen(handle, "wb") as f:
-            if isinstance(payload, bytes):
-                f.write(payload)
-            else:
-                payload(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, target)
+        _write(handle, tmp, target, payload)
+    except OSError as e:  # a full disk or a quota: name the file, not the temporary one
+        Path(tmp).unlink(missing_ok=True)
+        if e.filename is None or e.filename == tmp:
+            raise OSError(e.errno, e.strerror, str(target)) from e
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _write(handle: int, tmp: str, target: Path,
+           payload: bytes | Callable[[BinaryIO], Any]) -> None:
+    """Fill the temporary file ``tmp`` (open as ``handle``), then rename it to ``target``."""
+    with os.fdopen(handle, "wb") as f:
+        if isinstance(payload, bytes):
+            f.write(payload)
+        else:
+            payload(f)
+        f.flush()
+        os.fchmod(f.fileno(), _FILE_MODE)
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
 
 
 def _finite(value: Any) -> Any:

@@ -2,15 +2,18 @@
 
 Consumes an :class:`~mpsearch.analysis.Analysis`, or a search's result and the held-out
 split's measurer; produces the analysis files and the typed :class:`~mpsearch.rundir.Front`
-(each point re-measured on held-out data, with its 95 % interval and a dominated flag).
+(each point re-measured on held-out data, with its 95 % interval, timed with the baselines by
+:mod:`mpsearch.clock`, judged against them by :mod:`mpsearch.pareto`, and one recommended).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any, TypedDict
 
+from mpsearch._recommend import Limits, recommend
 from mpsearch.analysis import (
     SCHEMA,
     STAT_COLUMNS,
@@ -21,7 +24,6 @@ from mpsearch.analysis import (
     NodeSensitivity,
     RestoreGain,
     bootstrap_interval,
-    dominated_flags,
     wilson_interval,
 )
 from mpsearch.assignment import (
@@ -32,16 +34,19 @@ from mpsearch.assignment import (
     table_format,
     uniform_assignment,
 )
+from mpsearch.clock import time_runs
 from mpsearch.errors import QuantizationError
 from mpsearch.evaluate import is_proportion
-from mpsearch.profiles import measures_latency
+from mpsearch.graph import ModelGraph
+from mpsearch.pareto import dominators
+from mpsearch.profiles import HardwareProfile, measures_latency
 from mpsearch.progress import Progress, Reporter
 from mpsearch.rundir import Baseline, Front, FrontPoint, RunDir
 from mpsearch.search import SearchResult, TrialRecord, group_nodes
 from mpsearch.spec import SearchSpec
 from mpsearch.summary import ModelSummary
 
-__all__ = ["held_out_front", "relative_latency", "write_analysis"]
+__all__ = ["held_out_front", "judge", "relative_latency", "write_analysis"]
 
 
 def write_analysis(run: RunDir, analysis: Analysis, fp32_size: int) -> None:
@@ -74,65 +79,100 @@ def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult
                    held: Measurer, searched_by: Measurer, progress: Reporter | None = None
                    ) -> Front:
     """The searched front re-measured by the ``held`` measurer (the held-out split): each
-    point with its 95 % interval, its latency (timed where this host runs the profile's
-    target, the estimate beside it) and a dominated flag; the FP32 and uniform baselines.
-    ``progress`` hears stage ``held-out``, one step a front point."""
+    point with its 95 % interval and its latency (timed where this host runs the profile's
+    target, the estimate beside it), judged together with the FP32 and uniform baselines
+    (:func:`judge`), and the recommended point (:func:`mpsearch._recommend.recommend`).
+    ``progress`` hears stage ``held-out``, one step a front point and one for the timing."""
     graph, profile = held.quantizer.graph, held.quantizer.profile
-    clock = _Clock(held, summary, spec.batch_size)
-    fp32 = Baseline(metric=held.fp32().value, size=model_size(graph, profile, {}),
-                    latency_abs=clock.fp32_abs,
-                    **clock.latencies({}, runs=_searched_runs(searched_by, held, {})))
     int8 = uniform_assignment(graph, profile, profile.lowest_formats()[0])
     searched = {n for g in group_nodes(graph, profile, spec.formats) for n in g.nodes}
     points = []
-    total = len(result.front)
+    total = len(result.front) + 1
     for index, record in enumerate(result.front):
         if progress is not None:
-            progress(Progress(stage="held-out", done=index, total=total, unit="point"))
+            progress(Progress(stage="held-out", done=index, total=total, unit="step"))
         assignment = make_assignment(graph, profile, record.assignment)
         measured = held.measure(assignment)
-        latencies = clock.latencies(assignment, runs=_searched_runs(searched_by, held,
-                                                                   assignment))
         point = _point(record, index, measured.metrics, held.evaluator.primary.name, int8,
                        searched)
-        points.append(replace(point, interval=_interval(held, assignment, measured, spec.seed),
-                              **latencies))
-    timed = "latency" in spec.objectives
-    flags = dominated_flags([(p.metric, p.size, p.latency if timed else None) for p in points],
-                            higher_is_better=held.higher_is_better)
-    points = [replace(p, dominated=flag) for p, flag in zip(points, flags, strict=True)]
+        points.append(replace(point, interval=_interval(held, assignment, measured, spec.seed)))
+    uniforms = _uniform_assignments(graph, profile)
+    metrics = {fmt: held.measure(assignment).value for fmt, assignment in uniforms.items()}
+    if progress is not None:
+        progress(Progress(stage="held-out", done=total - 1, total=total, unit="step"))
+    clock = _Clock(held, summary, spec.batch_size)
+    latencies = clock.latencies([{}, *uniforms.values(), *(p.assignment for p in points)])
+    fp32 = Baseline(metric=held.fp32().value, size=model_size(graph, profile, {}),
+                    latency_abs=clock.fp32_abs, **latencies[0])
+    uniform = {fmt: Baseline(metric=metrics[fmt], size=model_size(graph, profile, assignment),
+                             **latencies[1 + i])
+               for i, (fmt, assignment) in enumerate(uniforms.items())}
+    points = [replace(p, **latencies[1 + len(uniforms) + i]) for i, p in enumerate(points)]
+    points = judge(points, {"fp32": fp32, **uniform}, higher_is_better=held.higher_is_better,
+                   timed="latency" in spec.objectives)
+    front = Front(metric=searched_by.evaluator.primary.name,
+                  higher_is_better=searched_by.higher_is_better, objectives=spec.objectives,
+                  fp32=fp32, uniform=uniform, points=tuple(points),
+                  evaluations=result.evaluations, seconds=result.seconds, timing=result.timing,
+                  latency_source=clock.source,
+                  latency_batch=clock.batch if clock.timed else None, stopped=result.stopped)
+    if progress is not None:
+        progress(Progress(stage="held-out", done=total, total=total, unit="step"))
+    chosen, line = recommend(front, _limits(spec, profile, result))
+    return replace(front, recommended=chosen, recommendation=line)
+
+
+def _limits(spec: SearchSpec, profile: HardwareProfile, result: SearchResult) -> Limits:
+    """The spec's constraints, and why the search ended, for :func:`recommend`."""
+    max_size = spec.max_size_bytes
+    if spec.use_memory_budget and profile.memory_budget_bytes is not None:
+        budget = profile.memory_budget_bytes
+        max_size = budget if max_size is None else min(max_size, budget)
+    finished = sum(r.state in ("complete", "pruned") for r in result.trials)
+    if result.stopped:
+        stop = result.stopped
+    elif finished < spec.trials and spec.timeout_s is not None:
+        stop = (f"time budget used ({finished} of {spec.trials} trials in budget.timeout_s "
+                f"{spec.timeout_s:g} s)")
+    else:
+        stop = f"trial budget used ({finished} trials)"
+    return Limits(min_metric=spec.min_metric, max_metric_drop=spec.max_metric_drop,
+                  max_size=max_size, stop=stop)
+
+
+def _uniform_assignments(graph: ModelGraph, profile: HardwareProfile) -> dict[str, Assignment]:
+    """The uniform baselines: every format of the profile but its float one, applied wherever
+    the profile allows it (those no node of this model takes, and table formats, left out)."""
     uniform = {}
     for fmt in profile.formats:
-        if fmt == profile.default_format:
-            continue
-        if table_format(graph, profile, fmt):
+        if fmt == profile.default_format or table_format(graph, profile, fmt):
             continue
         try:
             assignment = uniform_assignment(graph, profile, fmt)
         except QuantizationError:  # a format the profile forbids where it would go
             continue
-        if fmt not in assignment.values():  # a format no node of this model takes
-            continue
-        metric = held.measure(assignment).value
-        uniform[fmt] = Baseline(metric=metric, size=model_size(graph, profile, assignment),
-                                **clock.latencies(assignment, runs=_searched_runs(
-                                    searched_by, held, assignment)))
-    return Front(metric=searched_by.evaluator.primary.name,
-                 higher_is_better=searched_by.higher_is_better, objectives=spec.objectives,
-                 fp32=fp32, uniform=uniform, points=tuple(points),
-                 evaluations=result.evaluations, seconds=result.seconds, timing=result.timing,
-                 latency_source=clock.source, latency_batch=clock.batch if clock.timed else None,
-                 stopped=result.stopped)
+        if fmt in assignment.values():
+            uniform[fmt] = assignment
+    return uniform
 
 
-def _searched_runs(searched_by: Measurer, held: Measurer, assignment: Mapping[str, str]
-                   ) -> tuple[float, ...]:
-    """:meth:`~mpsearch.analysis.Measurer.timed_runs` of ``searched_by`` (a trial of the
-    search split, or FP32's reference runs) when its batches are ``held``'s size: they time
-    the held-out latency at that batch too."""
-    if searched_by.batch_size != held.batch_size or searched_by.threads != held.threads:
-        return ()
-    return searched_by.timed_runs(assignment)
+def judge(points: Sequence[FrontPoint], baselines: Mapping[str, Baseline], *,
+          higher_is_better: bool, timed: bool) -> list[FrontPoint]:
+    """``points`` with ``dominated``, ``shown`` and ``beaten_by`` set: a point that one of
+    ``baselines`` or another point beats on held-out metric, size and (``timed``: the latency
+    objective is on) latency, by :mod:`mpsearch.pareto`'s rule, is not shown; a baseline is
+    named before a point when both beat it."""
+    names = list(baselines)
+    by = [(b.metric, float(b.size), b.latency if timed else None) for b in baselines.values()]
+    winners = dominators([(p.metric, float(p.size), p.latency if timed else None)
+                          for p in points], higher_is_better=higher_is_better, by=by)
+    out = []
+    for point, winner in zip(points, winners, strict=True):
+        beaten_by = (None if winner is None else names[winner] if winner < len(names)
+                     else f"point {points[winner - len(names)].index}")
+        out.append(replace(point, dominated=winner is not None, shown=winner is None,
+                           beaten_by=beaten_by))
+    return out
 
 
 class _Latencies(TypedDict, total=False):
@@ -142,12 +182,15 @@ class _Latencies(TypedDict, total=False):
     latency_estimate: float | None
     latency_ms: float | None
     batch_latency_ms: float | None
+    latency_ms_interval: tuple[float, float] | None
+    batch_latency_ms_interval: tuple[float, float] | None
 
 
 class _Clock:
-    """Latencies of assignments relative to FP32: timed in ONNX Runtime (median of batch-1
-    runs, and of runs at the spec's batch size) where this host runs the profile's target,
-    with the profile's estimate beside them; the estimate alone elsewhere."""
+    """Latencies of assignments relative to FP32: timed in ONNX Runtime where this host runs
+    the profile's target (:mod:`mpsearch.clock`: every configuration interleaved, at batch 1
+    and at the spec's batch size), with the profile's estimate beside them; the estimate alone
+    elsewhere."""
 
     def __init__(self, held: Measurer, summary: ModelSummary, batch: int) -> None:
         self.held, self.summary = held, summary
@@ -155,7 +198,7 @@ class _Clock:
         self.batch = held.count(batch)
         self.timed = measures_latency(self.profile)
         self.fp32_estimate = estimate_latency(held.quantizer.graph, summary, self.profile, {})
-        self.fp32_seconds = held.latency({}) if self.timed else None
+        self.fp32_seconds: float | None = None
 
     @property
     def source(self) -> str | None:
@@ -165,23 +208,35 @@ class _Clock:
 
     @property
     def fp32_abs(self) -> float | None:
-        """FP32's latency in the unit of the trials' latency objective."""
+        """FP32's latency in the unit of the trials' latency objective (seconds at batch 1
+        when measured); known once :meth:`latencies` ran."""
         return self.fp32_seconds if self.timed else self.fp32_estimate
 
-    def latencies(self, assignment: Mapping[str, str], runs: Sequence[float] = ()
-                  ) -> _Latencies:
-        """``assignment``'s latencies; ``runs``: seconds of full batches another measurer of
-        the spec's batch size timed (the search split's measurement of a front point)."""
+    def latencies(self, assignments: Sequence[Mapping[str, str]]) -> list[_Latencies]:
+        """The latencies of ``assignments``, the first of which is FP32 (``{}``)."""
         graph = self.held.quantizer.graph
-        estimate = estimate_latency(graph, self.summary, self.profile, assignment)
-        relative = (estimate / self.fp32_estimate
-                    if estimate is not None and self.fp32_estimate else None)
-        if not self.timed or not self.fp32_seconds:
-            return {"latency": relative, "latency_estimate": relative}
-        seconds = self.held.latency(assignment)
-        batch = self.held.latency(assignment, batch=self.batch, repeat=3, runs=runs)
-        return {"latency": seconds / self.fp32_seconds, "latency_estimate": relative,
-                "latency_ms": 1e3 * seconds, "batch_latency_ms": 1e3 * batch}
+        out: list[_Latencies] = []
+        for assignment in assignments:
+            estimate = estimate_latency(graph, self.summary, self.profile, assignment)
+            relative = (estimate / self.fp32_estimate
+                        if estimate is not None and self.fp32_estimate else None)
+            out.append({"latency": relative, "latency_estimate": relative})
+        if not self.timed:
+            return out
+        held = self.held
+        sessions = [held.evaluator.session(held.quantizer.build(
+            held.canonical(a), stand_ins=held.evaluator.stand_ins)) for a in assignments]
+        one = next(iter(held.data.batches(1, stop=1)))
+        many = next(iter(held.data.batches(self.batch, stop=self.batch)))
+        single = time_runs([partial(s.run, one) for s in sessions])
+        batched = time_runs([partial(s.run, many) for s in sessions])
+        self.fp32_seconds = single[0].seconds
+        for entry, t1, tn in zip(out, single, batched, strict=True):
+            entry["latency"] = t1.seconds / single[0].seconds
+            entry["latency_ms"], entry["latency_ms_interval"] = 1e3 * t1.seconds, t1.interval_ms
+            entry["batch_latency_ms"] = 1e3 * tn.seconds
+            entry["batch_latency_ms_interval"] = tn.interval_ms
+        return out
 
 
 def _interval(held: Measurer, assignment: Assignment, measured: Measurement, seed: int

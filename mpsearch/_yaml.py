@@ -75,11 +75,28 @@ class LineList(list[Any]):
 _FLOAT_12 = re.compile(r"^[-+]?(?:[0-9][0-9_]*)?(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
 
 
+#: Deepest nesting of mappings and lists accepted: specs and profiles need a handful, and the
+#: composer recurses once per level (5,000 levels exhaust Python's stack).
+MAX_DEPTH = 64
+
+
 class _LineLoader(yaml.SafeLoader):
-    """SafeLoader building LineDict/LineList and rejecting duplicate keys."""
+    """SafeLoader building LineDict/LineList, rejecting duplicate keys and deep nesting."""
 
     file: str = "<string>"
     error_cls: type[Exception] = ValueError
+    depth: int = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                line = self.peek_event().start_mark.line + 1  # type: ignore[no-untyped-call]
+                raise self.error_cls(f"{self.file}:{line}: mappings and lists nest deeper than "
+                                     f"{MAX_DEPTH} levels; flatten the file")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
 
 _LineLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))

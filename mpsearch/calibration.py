@@ -34,7 +34,7 @@ from mpsearch.errors import CalibrationError
 from mpsearch.graph import ModelGraph
 from mpsearch.progress import Progress, Reporter
 from mpsearch.runtime import create_session
-from mpsearch.spec import METHODS
+from mpsearch.spec import MAX_THREADS, METHODS, machine_threads
 
 __all__ = ["METHODS", "CalibrationTable", "TensorStats", "WeightStats", "calibrate",
            "calibrate_cached", "load_table", "weight_stats"]
@@ -363,6 +363,12 @@ ACTIVATION_BUDGET = 192 << 20
 MAX_AUTO_BATCH = 64
 
 
+#: Histogram bins per tensor, at most: every activation keeps one int64 histogram (512 kB).
+MAX_BINS = 1 << 16
+#: Samples per calibration batch, at most.
+MAX_BATCH = 1 << 16
+
+
 def auto_batch(bytes_per_sample: int, budget: int = ACTIVATION_BUDGET) -> int:
     """Samples per calibration batch whose exposed activations fit ``budget`` bytes."""
     return max(1, min(MAX_AUTO_BATCH, budget // max(bytes_per_sample, 1)))
@@ -390,8 +396,15 @@ def calibrate(
     if method not in METHODS:
         raise CalibrationError(f"calibration method '{method}' is unknown; use one of "
                                f"{', '.join(METHODS)}")
-    if bins < 2 or bins % 2:
-        raise CalibrationError(f"histogram bins {bins} must be an even number >= 2 (e.g. 2048)")
+    if bins < 2 or bins % 2 or bins > MAX_BINS:
+        raise CalibrationError(f"histogram bins {bins} must be an even number from 2 to "
+                               f"{MAX_BINS} (e.g. 2048)")
+    if batch_size is not None and not 1 <= batch_size <= MAX_BATCH:
+        raise CalibrationError(f"calibration batch size {batch_size} must be from 1 to "
+                               f"{MAX_BATCH}")
+    if not 1 <= threads <= MAX_THREADS:
+        raise CalibrationError(f"threads {threads} must be from 1 to {MAX_THREADS}")
+    threads = machine_threads(threads)
     if not 0.0 < percentile <= 100.0:
         raise CalibrationError(f"percentile {percentile} is outside (0, 100]; use e.g. 99.99")
     if len(data) == 0:

@@ -179,23 +179,15 @@ class Evaluator:
         self.fixed_batch = reference.fixed_batch
         large = sum(a.nbytes for a in graph.initializers.values() if a.nbytes >= 1 << 16)
         self.shared = _shared_weights(graph) if large >= SHARE_WEIGHTS_ABOVE else None
-        runs: list[float] = []
-        self.reference = self._outputs(reference, runs=runs)
-        #: Seconds of each full batch the FP32 model ran for :attr:`reference` (its latencies).
-        self.reference_runs = tuple(runs)
+        self.reference = self._outputs(reference)
         _check_outputs(self.reference, f"{data.source}: the reference model {graph.name!r}",
                        "check the model and its inputs")
 
-    def _outputs(self, session: Session, limit: int | None = None,
-                 runs: list[float] | None = None) -> np.ndarray:
-        """``session``'s primary output on the first ``limit`` samples; appends the seconds of
-        each full batch to ``runs``."""
+    def _outputs(self, session: Session, limit: int | None = None) -> np.ndarray:
+        """``session``'s primary output on the first ``limit`` samples."""
         parts, seen = [], 0
         for feeds in self.data.batches(self.batch_size):
-            start = time.perf_counter()
             parts.append(session.run(feeds, [self.output])[self.output])
-            if runs is not None and len(parts[-1]) == self.batch_size:
-                runs.append(time.perf_counter() - start)
             seen += len(parts[-1])
             if limit is not None and seen >= limit:
                 break

@@ -22,7 +22,7 @@ import hashlib
 import logging
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -208,6 +208,10 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> ModelGraph:
     path = None if isinstance(source, onnx.ModelProto) else os.fspath(source)
     model = _read(path) if path is not None else _copy(source)  # type: ignore[arg-type]
     label = path or "<model>"
+    _check_names(model.graph, label)
+    _check_initializers(model.graph, label)
+    _check_single_assignment(model.graph, label)
+    _check_loops(model.graph, label)
     changes: list[str] = []
     model = _upgrade_opset(model, label, changes)
     _normalize.name_nodes(model, changes)
@@ -222,6 +226,131 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> ModelGraph:
     model = _infer_shapes(model, label, path, changes)
     _check(model, label)
     return _build(model, path, tuple(changes))
+
+
+#: A Loop whose trip count is a constant above this, and whose condition cannot end it
+#: sooner, is refused: ONNX Runtime would run it for hours (10**12 iterations never end).
+MAX_LOOP_TRIPS = 10**6
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph (If/Loop/Scan bodies), depth first."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
+                yield from _graphs(sub)
+
+
+def _check_names(graph: onnx.GraphProto, label: str) -> None:
+    """Names are text: protobuf hands bytes back for a name that is not valid UTF-8."""
+    for sub in _graphs(graph):
+        for index, node in enumerate(sub.node):
+            for what, value in (("name", node.name), ("op_type", node.op_type),
+                                ("domain", node.domain), *(("input", v) for v in node.input),
+                                *(("output", v) for v in node.output)):
+                if isinstance(value, bytes):
+                    raise ModelError(f"{label}: node {index} of graph '{_text(sub.name)}': its "
+                                     f"{what} {value[:40]!r} is not UTF-8; rename it and "
+                                     "re-export the model")
+        for kind, values in (("input", sub.input), ("output", sub.output),
+                             ("value_info", sub.value_info), ("initializer", sub.initializer)):
+            for value in values:
+                if isinstance(value.name, bytes):
+                    raise ModelError(f"{label}: a graph {kind} name is not UTF-8 "
+                                     f"({value.name[:40]!r}); rename it and re-export the model")
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _check_initializers(graph: onnx.GraphProto, label: str) -> None:
+    """Every initializer holds as many bytes (or values) as its dims and type declare."""
+    for sub in _graphs(graph):
+        for tensor in sub.initializer:
+            if tensor.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+                continue
+            if any(d < 0 for d in tensor.dims):
+                raise ModelError(f"{label}: initializer '{tensor.name}' has a negative "
+                                 f"dimension {list(tensor.dims)}; re-export the model")
+            count = int(np.prod(tensor.dims, dtype=np.float64)) if tensor.dims else 1
+            try:
+                itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+            except (KeyError, TypeError, ValueError):
+                continue  # an exotic type: onnx.checker and ONNX Runtime judge it
+            if tensor.HasField("raw_data"):
+                need = count * itemsize
+                if tensor.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+                    need = (count + 1) // 2
+                if len(tensor.raw_data) != need:
+                    raise ModelError(f"{label}: initializer '{tensor.name}' holds "
+                                     f"{len(tensor.raw_data)} bytes but its dims "
+                                     f"{list(tensor.dims)} need {need}; the file is truncated "
+                                     "or malformed, re-export the model")
+
+
+def _check_single_assignment(graph: onnx.GraphProto, label: str) -> None:
+    """Each tensor is written once: by one node, or as a graph input or initializer."""
+    writers: dict[str, str] = {v.name: "graph input" for v in graph.input}
+    writers.update({t.name: "initializer" for t in graph.initializer})
+    for index, node in enumerate(graph.node):
+        me = f"node '{node.name}'" if node.name else f"node {index} ({node.op_type})"
+        for tensor in node.output:
+            if not tensor:
+                continue
+            if tensor in writers:
+                raise ModelError(f"{label}: tensor '{tensor}' is written by both "
+                                 f"{writers[tensor]} and {me}; an ONNX graph writes each "
+                                 "tensor once: re-export the model")
+            writers[tensor] = me
+
+
+def _check_loops(graph: onnx.GraphProto, label: str) -> None:
+    """Refuse a Loop that would run more than :data:`MAX_LOOP_TRIPS` iterations for sure: a
+    constant trip count and a condition the body passes through unchanged (or none)."""
+    constants = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type != "Loop" or node.domain not in ("", "ai.onnx") or not node.input:
+            continue
+        body = next((a.g for a in node.attribute if a.name == "body"), None)
+        if not node.input[0] and body is not None and _condition_fixed(body) and (
+                len(node.input) < 2 or not node.input[1] or node.input[1] in constants):
+            raise ModelError(f"{label}: node '{node.name}' (Loop) has no trip count and a "
+                             "condition that never changes: it never ends; re-export the model")
+        count = constants.get(node.input[0])
+        if count is None or count.data_type not in (onnx.TensorProto.INT64,
+                                                    onnx.TensorProto.INT32):
+            continue
+        trips = numpy_helper.to_array(count).reshape(-1)
+        if trips.size != 1 or body is None or int(trips[0]) <= MAX_LOOP_TRIPS:
+            continue
+        if _condition_fixed(body):
+            raise ModelError(f"{label}: node '{node.name}' (Loop) runs {int(trips[0])} "
+                             f"iterations (limit {MAX_LOOP_TRIPS}) with nothing to end it "
+                             "sooner; the file is malformed or hostile, re-export the model")
+
+
+def _condition_fixed(body: onnx.GraphProto) -> bool:
+    """The body's condition output is its condition input (or a constant), through Identity
+    nodes only: the loop runs its full trip count."""
+    if len(body.input) < 2 or not body.output:
+        return False
+    producers = {o: n for n in body.node for o in n.output}
+    constants = {t.name for t in body.initializer}
+    name = body.output[0].name
+    for _ in range(len(body.node) + 1):
+        if name == body.input[1].name or name in constants:
+            return True
+        node = producers.get(name)
+        if node is None:
+            return False
+        if node.op_type == "Constant":
+            return True
+        if node.op_type != "Identity" or not node.input:
+            return False
+        name = node.input[0]
+    return False
 
 
 def _sort(model: onnx.ModelProto, label: str, changes: list[str]) -> None:

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,9 @@ from mpsearch.assignment import (
     uniform_assignment,
 )
 from mpsearch.calibration import CalibrationTable, calibrate, calibrate_cached
-from mpsearch.data import Dataset, check_signature, load_data
-from mpsearch.errors import DataError, SearchError, SpecError
+from mpsearch.clock import time_runs
+from mpsearch.data import Dataset, check_finite, check_signature, load_data
+from mpsearch.errors import DataError, ModelError, SearchError, SpecError
 from mpsearch.evaluate import Evaluation, Evaluator
 from mpsearch.graph import ModelGraph, load_model
 from mpsearch.profiles import (
@@ -62,7 +64,7 @@ from mpsearch.recovery import (
     input_means,
     smooth,
 )
-from mpsearch.rundir import Front, FrontPoint, MeasurementCache, RunDir
+from mpsearch.rundir import Front, FrontPoint, MeasurementCache, RunDir, check_measurements
 from mpsearch.runtime import create_session, ort_version
 from mpsearch.search import (
     MEASURE_ABOVE,
@@ -158,6 +160,7 @@ def prepare_inputs(
     dataset = data if isinstance(data, Dataset) else load_data(data)
     dataset = dataset.for_inputs([i.name for i in graph.inputs])
     check_signature(dataset, graph)
+    _check_inputs(graph, hw, dataset)
     mismatch = check_profile_for_cpu(hw.name)
     if mismatch:
         logger.warning(mismatch)
@@ -178,6 +181,17 @@ def prepare_inputs(
     return Prepared(graph=graph, summary=summarize(graph), profile=hw, calibration=calib,
                     validation=valid, table=table, method=method, means=means,
                     hessians=hessians)
+
+
+def _check_inputs(graph: ModelGraph, profile: HardwareProfile, data: Dataset) -> None:
+    """Before any work: the model has weights to quantize, and no sample of the data (named
+    by its place in the file, before any split) holds NaN or Inf."""
+    if model_size(graph, profile, {}) == 0:
+        raise ModelError(f"{graph.path or graph.name}: the model has no weights; mixed "
+                         "precision has nothing to make smaller")
+    batch = 256
+    for index, feeds in enumerate(data.batches(batch)):
+        check_finite(feeds, source=data.source, batch=index, batch_size=batch)
 
 
 def prepare(spec: SearchSpec, run_dir: RunDir | str | Path | None = None, *,
@@ -316,12 +330,14 @@ def search_run(
 ) -> SearchRun:
     """Prepare, analyze (when ``spec.analysis``), search and re-measure the front on held-out
     data, through one measurer per split; write the run directory."""
+    spec = with_objectives(spec)
     _check_latency_objective(spec)  # before any work: an unknown cost fails every trial
     run = _rundir(run_dir).create()
     prepared = prepare(spec, run, progress=progress)
     search_data, held_data = _splits(prepared, spec)
     inputs = _search_inputs(prepared, spec, search_data)
     check_resume(spec, run.path, inputs, resume)  # before anything of the run dir is rewritten
+    check_measurements(run.measurements)
     verifier = _verifier(spec, prepared, run.path, held_data)
     _write_inputs(run, spec, prepared, "search")
     _write_model_info(run, prepared)
@@ -350,6 +366,17 @@ def search_run(
                        r.source] for r in result.trials])
     return SearchRun(run_dir=run.path, result=result, front=front, analysis=analysis,
                      measured=tuple(measurer.measured))
+
+
+def with_objectives(spec: SearchSpec) -> SearchSpec:
+    """``spec`` with its objectives decided: as written, else metric and size, and latency
+    where this host times the profile's target (:func:`measures_latency`): a person deploys
+    on the machine that measured the front, and the time it takes is part of the answer."""
+    if spec.objectives:
+        return spec
+    timed = measures_latency(load_profile(spec.profile))
+    return replace(spec, objectives=("metric", "size", "latency") if timed else
+                   ("metric", "size"))
 
 
 def _verifier(spec: SearchSpec, prepared: Prepared, run_dir: Path, data: Dataset
@@ -398,7 +425,8 @@ def _check_latency_objective(spec: SearchSpec) -> None:
 #: Spec fields left out of the spec's fingerprint: more trials, more time, another worker,
 #: storage or sampler resume the same study; the model, data and profile count by content.
 _NOT_HASHED = frozenset({"trials", "timeout_s", "storage", "study", "path", "seed", "sampler",
-                         "explore", "analysis", "model", "data", "profile", "name"})
+                         "explore", "analysis", "model", "data", "profile", "name",
+                         "heartbeat_s"})
 
 
 def _search_inputs(prepared: Prepared, spec: SearchSpec, data: Dataset) -> dict[str, str]:
@@ -413,7 +441,8 @@ def _search_inputs(prepared: Prepared, spec: SearchSpec, data: Dataset) -> dict[
 class BuiltModel:
     """A QDQ model written to ``path`` and measured against FP32 on held-out data: metrics,
     weight bytes and the median batch-1 latency of both. ``point`` is the front point it
-    was exported from, if any."""
+    was exported from, if any. The latencies are :mod:`mpsearch.clock`'s medians of both
+    models interleaved, None where this host does not run the profile's target."""
 
     path: Path
     assignment: Assignment
@@ -421,8 +450,8 @@ class BuiltModel:
     fp32: Evaluation
     size: int
     fp32_size: int
-    latency_s: float
-    fp32_latency_s: float
+    latency_s: float | None
+    fp32_latency_s: float | None
     point: FrontPoint | None = None
     #: With ``target``: the toolchain's artifact, the held-out metric it computes, and its
     #: placement record (:func:`~mpsearch.targets._verify.placement_record`) and cost.
@@ -438,16 +467,25 @@ def _build(prepared: Prepared, assignment: Assignment, out: str | Path, data: Da
     model = prepared.quantizer().build(assignment)
     onnx.checker.check_model(model)
     write_model(out, model)
-    evaluator = Evaluator(prepared.graph, data, metric=spec.metric,
-                          batch_size=spec.batch_size, threads=spec.threads)
-    feeds = next(iter(data.batches(1)))
-    graph, profile = prepared.graph, prepared.profile
-    return BuiltModel(
-        path=Path(out), assignment=assignment, evaluation=evaluator.evaluate(onnx.load(str(out))),
-        fp32=evaluator.fp32(), size=model_size(graph, profile, assignment),
-        fp32_size=model_size(graph, profile, {}),
-        latency_s=evaluator.session(model).time_batch(feeds),
-        fp32_latency_s=evaluator.session(graph.model).time_batch(feeds), point=point)
+    try:  # a model that cannot be measured is not left behind
+        evaluator = Evaluator(prepared.graph, data, metric=spec.metric,
+                              batch_size=spec.batch_size, threads=spec.threads)
+        feeds = next(iter(data.batches(1)))
+        graph, profile = prepared.graph, prepared.profile
+        latency: tuple[float | None, ...] = (None, None)
+        if measures_latency(profile):
+            sessions = (evaluator.session(model), evaluator.session(graph.model))
+            latency = tuple(t.seconds
+                            for t in time_runs([partial(s.run, feeds) for s in sessions]))
+        return BuiltModel(
+            path=Path(out), assignment=assignment,
+            evaluation=evaluator.evaluate(onnx.load(str(out))), fp32=evaluator.fp32(),
+            size=model_size(graph, profile, assignment),
+            fp32_size=model_size(graph, profile, {}),
+            latency_s=latency[0], fp32_latency_s=latency[1], point=point)
+    except BaseException:
+        Path(out).unlink(missing_ok=True)
+        raise
 
 
 def _spec_of(run: RunDir) -> SearchSpec:

@@ -27,7 +27,7 @@ from mpsearch.errors import SearchError
 from mpsearch.spec import SearchSpec
 
 __all__ = ["Baseline", "Front", "FrontPoint", "MeasurementCache", "RunDir", "atomic_write",
-           "read_json", "write_json"]
+           "check_measurements", "format_bytes", "read_json", "versus_fp32", "write_json"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,15 +50,54 @@ def _csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> No
     atomic_write(path, buffer.getvalue().encode())
 
 
+#: First characters that make a spreadsheet read a cell as a formula (CSV injection).
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
 def _cell(value: Any) -> Any:
+    """One CSV cell: non-finite floats empty, sequences joined, and text a spreadsheet would
+    run as a formula (a node named ``=HYPERLINK(...)``) prefixed with a quote; numbers, such
+    as -1.5 (or the text "-1.5"), are written as numbers."""
     if isinstance(value, float) and not math.isfinite(value):
         return ""
     if isinstance(value, (list, tuple)):
-        return "; ".join(str(v) for v in value)
+        value = "; ".join(str(v) for v in value)
+    if isinstance(value, str) and value.startswith(_FORMULA_START) and not _numeric(value):
+        return "'" + value
     return value
 
 
+def _numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 _LATENCY_FIELDS = ("latency", "latency_estimate", "latency_ms", "batch_latency_ms")
+_INTERVAL_FIELDS = ("latency_ms_interval", "batch_latency_ms_interval")
+
+
+def format_bytes(size: float) -> str:
+    """Bytes for people, decimal units: 812 B, 81.1 kB, 3.91 MB, 215 MB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.3g} {unit}" if size < 100 * scale else \
+                f"{size / scale:.0f} {unit}"
+    return f"{size:.0f} B"
+
+
+def versus_fp32(relative: float | None) -> str:
+    """A latency relative to FP32's in words: "2.69x slower than FP32", "1.65x faster than
+    FP32", "as fast as FP32" (within 0.5 %); "-" when unknown."""
+    if relative is None or not relative > 0:
+        return "-"
+    if abs(relative - 1.0) < 0.005:
+        return "as fast as FP32"
+    if relative < 1.0:
+        return f"{1.0 / relative:.2f}x faster than FP32"
+    return f"{relative:.2f}x slower than FP32"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,7 +109,8 @@ class Baseline:
     ``latency_abs`` is FP32's own latency in the same unit (seconds when measured).
     ``latency_estimate`` is the profile's estimate relative to FP32 (kept beside a measurement);
     ``latency_ms`` and ``batch_latency_ms`` are the measured medians at batch 1 and at the
-    spec's batch size (:attr:`Front.latency_batch`).
+    spec's batch size (:attr:`Front.latency_batch`), by :mod:`mpsearch.clock`; their
+    ``_interval`` fields are the spread of those runs, ``[fastest, slowest]`` ms.
     """
 
     metric: float
@@ -80,14 +120,21 @@ class Baseline:
     latency_estimate: float | None = None
     latency_ms: float | None = None
     batch_latency_ms: float | None = None
+    latency_ms_interval: tuple[float, float] | None = None
+    batch_latency_ms_interval: tuple[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        for name in _INTERVAL_FIELDS:
+            data[name] = None if data[name] is None else list(data[name])
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Baseline:
         return cls(metric=float(data["metric"]), size=int(data["size"]),
-                   **{k: data.get(k) for k in _LATENCY_FIELDS + ("latency_abs",)})
+                   **{k: data.get(k) for k in _LATENCY_FIELDS + ("latency_abs",)},
+                   latency_ms_interval=_interval(data.get("latency_ms_interval")),
+                   batch_latency_ms_interval=_interval(data.get("batch_latency_ms_interval")))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,8 +145,11 @@ class FrontPoint:
     ``counts`` tallies the searched nodes per format; ``differs_from_int8`` lists the nodes
     whose format differs from uniform INT8. ``interval`` is the 95 % interval of ``metric``
     (Wilson for accuracy-like metrics, bootstrap over samples otherwise; None when unknown);
-    ``dominated`` is True when another front point beats this one on the held-out re-measure.
-    The latency fields are :class:`Baseline`'s. With a spec's ``verify: toolchain``,
+    ``dominated`` is True when a uniform baseline or another front point beats this one on the
+    held-out re-measure (:mod:`mpsearch.pareto`'s rule); such a point is not ``shown`` as part
+    of the front (kept for the record) and ``beaten_by`` names what beats it: a baseline's
+    name (``fp32``, ``int8``, ...) or ``point K``. The latency fields are :class:`Baseline`'s.
+    With a spec's ``verify: toolchain``,
     ``target_metric`` is the held-out metric as the profile's toolchain computes it (its
     emulator or simulator), ``target_placement`` where each node runs there (counts, the
     nodes on the CPU with the toolchain's reason, every placement) and ``target_cost`` the
@@ -122,12 +172,18 @@ class FrontPoint:
     latency_estimate: float | None = None
     latency_ms: float | None = None
     batch_latency_ms: float | None = None
+    latency_ms_interval: tuple[float, float] | None = None
+    batch_latency_ms_interval: tuple[float, float] | None = None
+    shown: bool = True
+    beaten_by: str | None = None
     target_metric: float | None = None
     target_placement: Mapping[str, Any] | None = None
     target_cost: Mapping[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        for name in _INTERVAL_FIELDS:
+            data[name] = None if data[name] is None else list(data[name])
         data["metrics"], data["assignment"] = dict(self.metrics), dict(self.assignment)
         data["counts"], data["differs_from_int8"] = dict(self.counts), list(self.differs_from_int8)
         data["interval"] = None if self.interval is None else list(self.interval)
@@ -144,6 +200,9 @@ class FrontPoint:
                    differs_from_int8=tuple(data.get("differs_from_int8", ())),
                    source=str(data.get("source", "")), interval=_interval(data.get("interval")),
                    dominated=bool(data.get("dominated", False)),
+                   latency_ms_interval=_interval(data.get("latency_ms_interval")),
+                   batch_latency_ms_interval=_interval(data.get("batch_latency_ms_interval")),
+                   shown=bool(data.get("shown", True)), beaten_by=data.get("beaten_by"),
                    target_metric=data.get("target_metric"),
                    target_placement=data.get("target_placement"),
                    target_cost=data.get("target_cost"))
@@ -170,6 +229,8 @@ class Front:
     ``latency_source``: ``measured`` (timed in ONNX Runtime on this host, batch 1 and
     ``latency_batch``), ``estimated`` (the profile's cost model) or None (unknown).
     ``stopped``: why the search ended before its trial budget (spec ``budget.patience``).
+    ``recommended``: the index of the shown point to deploy (None when no point meets the
+    constraints) and ``recommendation`` its line for people (see docs/results.md).
     """
 
     metric: str
@@ -184,6 +245,24 @@ class Front:
     latency_source: str | None = None
     latency_batch: int | None = None
     stopped: str | None = None
+    recommended: int | None = None
+    recommendation: str | None = None
+
+    @property
+    def shown(self) -> tuple[FrontPoint, ...]:
+        """The points shown as the front (no baseline or other point beats them)."""
+        return tuple(p for p in self.points if p.shown)
+
+    def hidden_note(self) -> str | None:
+        """Why points are not shown, in a sentence (None when every point is)."""
+        hidden = [p for p in self.points if not p.shown]
+        if not hidden:
+            return None
+        by = ", ".join(f"point {p.index} by {p.beaten_by}" for p in hidden)
+        on = "size and latency" if "latency" in self.objectives else "size"
+        return (f"{len(hidden)} of {len(self.points)} searched points hidden, beaten on "
+                f"held-out {self.metric}, {on} ({by}); front.json keeps them with "
+                "shown: false")
 
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "higher_is_better": self.higher_is_better,
@@ -192,7 +271,8 @@ class Front:
                 "points": [p.to_dict() for p in self.points], "evaluations": self.evaluations,
                 "seconds": self.seconds, "timing": dict(self.timing),
                 "latency_source": self.latency_source, "latency_batch": self.latency_batch,
-                "stopped": self.stopped}
+                "stopped": self.stopped, "recommended": self.recommended,
+                "recommendation": self.recommendation}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Front:
@@ -204,7 +284,9 @@ class Front:
                    evaluations=int(data.get("evaluations", 0)),
                    seconds=float(data.get("seconds", 0.0)), timing=dict(data.get("timing", {})),
                    latency_source=data.get("latency_source"),
-                   latency_batch=data.get("latency_batch"), stopped=data.get("stopped"))
+                   latency_batch=data.get("latency_batch"), stopped=data.get("stopped"),
+                   recommended=data.get("recommended"),
+                   recommendation=data.get("recommendation"))
 
 
 class MeasurementCache(dict[str, Any]):
@@ -221,6 +303,7 @@ class MeasurementCache(dict[str, Any]):
         self._last = time.monotonic()
         section = self._sections().get(split)
         if isinstance(section, dict) and section.get("key") == self.key:
+            _check_entries(path, split, section.get("entries", {}))
             self.update(section.get("entries", {}))
             logger.info("%s: %d cached %s measurements", path, len(self), split)
         elif section is not None:
@@ -241,6 +324,46 @@ class MeasurementCache(dict[str, Any]):
             sections = self._sections()
             sections[self.split] = {"key": self.key, "entries": dict(self)}
             write_json(self.path, {"splits": sections})
+
+
+def check_measurements(path: Path) -> None:
+    """SearchError naming the first cached measurement of ``path`` (``measurements.json``)
+    whose fields have the wrong types; a missing or unreadable file is an empty cache."""
+    stored = read_json(path)
+    sections = stored.get("splits") if isinstance(stored, dict) else None
+    for split, section in (sections.items() if isinstance(sections, dict) else ()):
+        if isinstance(section, dict):
+            _check_entries(path, str(split), section.get("entries", {}))
+
+
+def _check_entries(path: Path | None, split: str, entries: Any) -> None:
+    for name, entry in (entries.items() if isinstance(entries, dict) else [("*", None)]):
+        problem = _entry_problem(entry)
+        if problem:
+            raise SearchError(f"{path}: {split} entry {str(name)[:60]!r} {problem}; delete the "
+                              "file to measure again")
+
+
+def _number(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _entry_problem(entry: Any) -> str | None:
+    """What makes a cached measurement unusable (wrong-typed fields), or None."""
+    if not isinstance(entry, dict):
+        return "is not a mapping"
+    if "seconds" in entry:  # a latency
+        ok = _number(entry["seconds"]) and entry["seconds"] is not None
+        return None if ok else "has a 'seconds' that is not a number"
+    metrics = entry.get("metrics")
+    if not isinstance(metrics, dict) or not all(_number(v) for v in metrics.values()):
+        return "has 'metrics' that are not numbers"
+    if not isinstance(entry.get("primary"), str):
+        return "has no 'primary' metric name"
+    for key in ("samples", "build_s", "session_s", "eval_s", "kl"):
+        if key in entry and not _number(entry[key]):
+            return f"has a '{key}' that is not a number"
+    return None
 
 
 def _leading_comments(lines: Sequence[str]) -> list[str]:
@@ -329,12 +452,14 @@ class RunDir:
     def write_front(self, front: Front) -> None:
         write_json(self.front_json, front.to_dict())
         _csv(self.front_csv,
-             ["index", "trial", "metric", "metric_low", "metric_high", "dominated",
-              "search_metric", "size", "latency", "latency_estimate", "latency_ms",
-              "batch_latency_ms", "counts", "differs_from_int8", "assignment"],
-             [[p.index, p.trial, p.metric, *(p.interval or (None, None)), p.dominated,
-               p.search_metric, p.size, p.latency, p.latency_estimate, p.latency_ms,
-               p.batch_latency_ms, json.dumps(dict(p.counts)),
+             ["index", "trial", "metric", "metric_low", "metric_high", "dominated", "shown",
+              "beaten_by", "search_metric", "size", "latency", "latency_estimate", "latency_ms",
+              "latency_ms_low", "latency_ms_high", "batch_latency_ms", "batch_latency_ms_low",
+              "batch_latency_ms_high", "counts", "differs_from_int8", "assignment"],
+             [[p.index, p.trial, p.metric, *(p.interval or (None, None)), p.dominated, p.shown,
+               p.beaten_by, p.search_metric, p.size, p.latency, p.latency_estimate,
+               p.latency_ms, *(p.latency_ms_interval or (None, None)), p.batch_latency_ms,
+               *(p.batch_latency_ms_interval or (None, None)), json.dumps(dict(p.counts)),
                " ".join(p.differs_from_int8), json.dumps(dict(p.assignment))]
               for p in front.points])
 

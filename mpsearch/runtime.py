@@ -13,7 +13,6 @@ import os
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -21,6 +20,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from mpsearch.clock import ROUNDS, time_runs
 from mpsearch.errors import DataError, ModelError
 
 __all__ = ["Session", "SharedWeights", "create_plugin_session", "create_session", "ort_version",
@@ -226,19 +226,10 @@ class Session:
                 collected.setdefault(name, []).append(value)
         return {name: np.concatenate(parts, axis=0) for name, parts in collected.items()}
 
-    def time_batch(self, feeds: Mapping[str, np.ndarray], repeat: int = 10, *,
-                   warmup: bool = True, timed: Sequence[float] = ()) -> float:
-        """Median seconds for one run of ``feeds`` (after one warm-up run unless the session
-        just ran batches of this shape), over ``repeat`` runs; ``timed``: seconds of warm runs
-        of batches of this shape the session already made, which count towards them."""
-        if warmup:
-            self.run(feeds)
-        times = list(timed)[-repeat:]
-        while len(times) < repeat:
-            start = time.perf_counter()
-            self.run(feeds)
-            times.append(time.perf_counter() - start)
-        return float(np.median(times))
+    def time_batch(self, feeds: Mapping[str, np.ndarray], repeat: int = ROUNDS) -> float:
+        """Median seconds for one run of ``feeds`` over ``repeat`` runs after a warm-up
+        (:mod:`mpsearch.clock`)."""
+        return time_runs([lambda: self.run(feeds)], rounds=repeat)[0].seconds
 
 
 def create_session(

@@ -7,21 +7,25 @@ Parsed once, strictly, at the edge: an unknown key is an error with the file, th
     profile: x86_ort
     data: {source: ../mpsearch/demo/demo_data.npz, calibration: 128, held_out: 0.5, seed: 0}
     metric: accuracy
-    objectives: [metric, size]
+    objectives: [metric, size]   # default: metric, size and latency where this host
+                                 # times the profile's target, else metric, size
     constraints: {max_metric_drop: 0.05}
     budget: {trials: 60, patience: 20}   # patience: stop when 20 trials in a row do not
                                          # move the front (0: run every trial)
     sampler: auto
     seed: 0
+    # storage: postgresql://user:pw@host/db   # several workers share one study
+    # heartbeat: 60    # seconds; a worker silent for 2x this has its trial failed and retried
     recovery: {cle: false, bias_correction: false,   # accuracy recovery (mpsearch.recovery)
                gptq: false, smoothquant: false, smoothquant_alpha: 0.5}
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +34,10 @@ import yaml
 from mpsearch._yaml import Section, load_yaml
 from mpsearch.errors import SpecError
 
-__all__ = ["METHODS", "OBJECTIVES", "SAMPLER_NAMES", "SEARCH_SCORES", "SearchSpec", "Thresholds",
-           "load_spec"]
+__all__ = ["MAX_SEED", "MAX_THREADS", "METHODS", "OBJECTIVES", "SAMPLER_NAMES", "SEARCH_SCORES",
+           "SearchSpec", "Thresholds", "load_spec", "machine_threads"]
+
+logger = logging.getLogger(__name__)
 
 SAMPLER_NAMES = ("auto", "tpe", "nsga2", "random")
 OBJECTIVES = ("metric", "size", "latency")
@@ -44,6 +50,48 @@ OBJECTIVES = ("metric", "size", "latency")
 SEARCH_SCORES = ("auto", "metric", "sqnr")
 #: Activation range methods of a calibration table (see :meth:`CalibrationTable.range`).
 METHODS = ("minmax", "percentile", "entropy", "mse")
+#: Seeds are NumPy's and Optuna's: 0 to 2**32 - 1.
+MAX_SEED = 2**32 - 1
+#: More threads than this is a typo, refused; up to it, :func:`machine_threads` caps a count
+#: at the CPUs this machine has (400 ONNX Runtime threads on 2 cores run 20x slower).
+MAX_THREADS = 1024
+#: Integer settings: field -> (spec key, CLI flag or "", minimum, maximum or None).
+_INT_BOUNDS: dict[str, tuple[str, str, int, int | None]] = {
+    "calibration_samples": ("data.calibration", "--calibration-samples", 1, None),
+    "data_seed": ("data.seed", "--seed", 0, MAX_SEED),
+    "seed": ("seed", "--seed", 0, MAX_SEED),
+    "trials": ("budget.trials", "--trials", 1, None),
+    "patience": ("budget.patience", "", 1, None),
+    "max_size_bytes": ("constraints.max_size_bytes", "", 1, None),
+    "batch_size": ("evaluation.batch_size", "", 1, 1 << 16),
+    "threads": ("evaluation.threads", "--threads", 1, MAX_THREADS),
+    "chunks": ("evaluation.chunks", "", 1, 1 << 16),
+    "sensitivity_limit": ("evaluation.sensitivity_samples", "", 1, None),
+}
+
+
+def machine_threads(threads: int) -> int:
+    """``threads`` capped at this machine's CPU count (logged when capped)."""
+    cpus = os.cpu_count() or 1
+    if threads > cpus:
+        logger.info("using %d threads, the CPUs of this machine, instead of %d", cpus, threads)
+        return cpus
+    return threads
+
+
+def _bound_error(name: str, value: Any) -> str | None:
+    """What is wrong with integer setting ``name`` = ``value``, or None."""
+    key, flag, low, high = _INT_BOUNDS[name]
+    where = f"{key} ({flag})" if flag else key
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"{where} must be an integer, got {value!r}"
+    if value < low:
+        return f"{where} must be at least {low}, got {value}"
+    if high is not None and value > high:
+        return f"{where} must be at most {high}, got {value}"
+    return None
+
+
 #: ``verify``: ``toolchain`` runs the profile's toolchain on every configuration (one the
 #: target would not run wholly on its accelerator, or cannot compile, is infeasible) and on
 #: the front points (their held-out metric as the target computes it, placement, cost);
@@ -99,7 +147,9 @@ class SearchSpec:
     held_out: float = 0.5
     data_seed: int = 0
     metric: str | None = None
-    objectives: tuple[str, ...] = ("metric", "size")
+    #: Empty: ``metric, size`` and, where this host times the profile's target
+    #: (:func:`mpsearch.profiles.measures_latency`), ``latency`` (:func:`default_objectives`).
+    objectives: tuple[str, ...] = ()
     min_metric: float | None = None
     max_metric_drop: float | None = None
     max_size_bytes: int | None = None
@@ -111,6 +161,7 @@ class SearchSpec:
     seed: int = 0
     storage: str | None = None
     study: str | None = None
+    heartbeat_s: float = 60.0  # database storages: a worker silent 2x this has its trial retried
     method: str = "minmax"
     batch_size: int = 64
     threads: int = 2
@@ -130,6 +181,33 @@ class SearchSpec:
     name: str | None = None  # what reports call the model (an upload's own file name)
     verify: str = "none"
 
+    def __post_init__(self) -> None:
+        """Every bound :func:`load_spec` checks, again for specs built in Python or changed by
+        CLI flags (``--trials 0`` is refused like ``budget.trials: 0``); threads are capped
+        at this machine's CPUs."""
+        where = self.path or "search spec"
+        for name in _INT_BOUNDS:
+            value = getattr(self, name)
+            if value is None and name in ("patience", "max_size_bytes", "sensitivity_limit"):
+                continue
+            problem = _bound_error(name, value)
+            if problem:
+                raise SpecError(f"{where}: {problem}; fix the value")
+        for name, low, high in (("held_out", 0.0, 1.0), ("explore", 0.0, 1.0),
+                                ("smoothquant_alpha", 0.0, 1.0)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not low <= value <= high:
+                raise SpecError(f"{where}: {name} must be between {low:g} and {high:g}, got "
+                                f"{value!r}; fix the value")
+        if not (isinstance(self.heartbeat_s, (int, float)) and 0 < self.heartbeat_s <= 3600):
+            raise SpecError(f"{where}: heartbeat must be from 1 to 3600 seconds, got "
+                            f"{self.heartbeat_s!r}; fix the value")
+        if self.timeout_s is not None and not (isinstance(self.timeout_s, (int, float))
+                                               and 0 < self.timeout_s < math.inf):
+            raise SpecError(f"{where}: budget.timeout_s must be a positive number of seconds, "
+                            f"got {self.timeout_s!r}; fix the value")
+        object.__setattr__(self, "threads", machine_threads(self.threads))
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -148,7 +226,8 @@ class SearchSpec:
             "budget": {"trials": self.trials, "timeout_s": self.timeout_s,
                        "patience": self.patience or 0},
             "sampler": self.sampler, "seed": self.seed, "storage": self.storage,
-            "study": self.study, "calibration": {"method": self.method},
+            "study": self.study, "heartbeat": self.heartbeat_s,
+            "calibration": {"method": self.method},
             "evaluation": {"batch_size": self.batch_size, "threads": self.threads,
                            "chunks": self.chunks, "sensitivity_samples": self.sensitivity_limit,
                            "search_score": self.search_score},
@@ -159,10 +238,17 @@ class SearchSpec:
                          "gptq": self.gptq, "smoothquant": self.smoothquant,
                          "smoothquant_alpha": self.smoothquant_alpha},
         }
+        if not self.objectives:  # the default, decided by the profile when the search starts
+            del tree["objectives"]
         return yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
 
     def with_overrides(self, **changes: Any) -> SearchSpec:
-        """A copy with the non-None ``changes`` applied (CLI flags)."""
+        """A copy with the non-None ``changes`` applied (CLI flags), checked as the spec's own
+        values are (:class:`SpecError` naming the flag)."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise SpecError(f"unknown spec setting(s) {', '.join(unknown)}")
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
@@ -172,6 +258,15 @@ def _path(section: Section, key: str, base: Path) -> str:
         return value  # a `module:function` data reader
     path = Path(value)
     return str(path if path.is_absolute() else (base / path).resolve())
+
+
+def _bounded(section: Section, key: str, default: int, name: str) -> int:
+    """An integer setting within its :data:`_INT_BOUNDS`, refused at its line otherwise."""
+    value: int = section.get_int(key, default)
+    problem = _bound_error(name, value)
+    if problem:
+        section.fail(key, f"{problem}; fix the value")
+    return value
 
 
 def _fraction(section: Section, key: str, default: float) -> float:
@@ -198,8 +293,8 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     root = Section.root(load_yaml(file, SpecError), file, SpecError)
     root.check_keys(
         ("model", "profile", "data", "metric", "objectives", "constraints", "budget",
-         "sampler", "seed", "storage", "study", "calibration", "formats", "evaluation",
-         "analysis", "seeding", "explore", "name", "recovery", "verify"),
+         "sampler", "seed", "storage", "study", "heartbeat", "calibration", "formats",
+         "evaluation", "analysis", "seeding", "explore", "name", "recovery", "verify"),
         required=("model", "profile", "data"),
     )
     base = Path(file).resolve().parent
@@ -220,9 +315,8 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     profile = root.get_str("profile")
     if profile.endswith((".yaml", ".yml")):
         profile = str((base / profile).resolve())
-    objectives = root.get_str_list("objectives", ("metric", "size"), choices=OBJECTIVES,
-                                   non_empty=True)
-    if "metric" not in objectives or len(objectives) < 2:
+    objectives = root.get_str_list("objectives", (), choices=OBJECTIVES, non_empty=True)
+    if objectives and ("metric" not in objectives or len(objectives) < 2):
         root.fail("objectives", "objectives must include 'metric' and at least one of "
                   "'size', 'latency'")
     held_out = data.get_float("held_out", 0.5, minimum=0.0)
@@ -234,7 +328,7 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
         data=_path(data, "source", base),
         calibration_samples=data.get_int("calibration", 256, minimum=1),
         held_out=held_out,
-        data_seed=data.get_int("seed", 0),
+        data_seed=_bounded(data, "seed", 0, "data_seed"),
         metric=root.get_str("metric", None),
         objectives=objectives,
         min_metric=constraints.get_float("min_metric", None),
@@ -245,13 +339,14 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
         timeout_s=budget.get_float("timeout_s", None, positive=True),
         patience=budget.get_int("patience", 20, minimum=0) or None,  # 0: every trial
         sampler=root.get_str("sampler", "auto", choices=SAMPLER_NAMES),
-        seed=root.get_int("seed", 0),
+        seed=_bounded(root, "seed", 0, "seed"),
         storage=root.get_str("storage", None),
         study=root.get_str("study", None),
+        heartbeat_s=root.get_float("heartbeat", 60.0, positive=True),
         method=calibration.get_str("method", "minmax", choices=METHODS),
-        batch_size=evaluation.get_int("batch_size", 64, minimum=1),
-        threads=evaluation.get_int("threads", 2, minimum=1),
-        chunks=evaluation.get_int("chunks", 4, minimum=1),
+        batch_size=_bounded(evaluation, "batch_size", 64, "batch_size"),
+        threads=_bounded(evaluation, "threads", 2, "threads"),
+        chunks=_bounded(evaluation, "chunks", 4, "chunks"),
         sensitivity_limit=evaluation.get_int("sensitivity_samples", 32, minimum=1),
         search_score=evaluation.get_str("search_score", "auto", choices=SEARCH_SCORES),
         formats=root.get_str_list("formats", None, non_empty=True),

@@ -109,3 +109,66 @@ def test_latency_objective_with_unknown_cost_is_refused_before_any_work(
                    "drop 'latency' from objectives, or set relative_cost (measured on the "
                    "target) in a profile with 'extends: qnn_htp'\n")
     assert not out.exists()
+
+
+def test_points_uniform_int8_beats_are_hidden_on_every_surface(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real case: on the ResNet fixture INT8 keeps every held-out sample's FP32 class
+    (agreement 1.0), while the search, scoring by output SQNR, finds larger configurations with
+    less noise. After the held-out re-measure uniform INT8 is as good as those and smaller: the
+    CLI table, the report and front.json (``shown: false``, ``beaten_by: int8``) hide them and
+    say so, and the recommendation is a shown point."""
+    import re
+
+    from mpsearch.pareto import SIZE_TIE, dominates
+    from mpsearch.rundir import RunDir
+
+    spec = tmp_path / "resnet.yaml"
+    spec.write_text(f"model: {FIXTURES / 'resnet.onnx'}\nprofile: x86_ort\n"
+                    f"data: {{source: {DATA}, calibration: 64, held_out: 0.5}}\n"
+                    "metric: agreement\nobjectives: [metric, size]\nbudget: {trials: 16}\n"
+                    "evaluation: {sensitivity_samples: 96}\nseed: 0\n")
+    out = tmp_path / "run"
+    assert main(["-q", "search", str(spec), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    front = RunDir(out).read_front()
+    int8 = front.uniform["int8"]
+    assert int8.metric == 1.0  # the case this test builds
+    beaten = [p for p in front.points if p.beaten_by == "int8"]
+    assert beaten and all(not p.shown and p.dominated for p in beaten)
+    for p in beaten:  # the rule, spelled out: as good a metric, smaller beyond the tie
+        assert p.metric <= int8.metric and int8.size * (1 + SIZE_TIE) < p.size
+    shown = front.shown
+    assert shown and front.recommended in {p.index for p in shown}
+    everything = [(b.metric, float(b.size), None) for b in (front.fp32, *front.uniform.values())]
+    everything += [(p.metric, float(p.size), None) for p in shown]
+    for p in shown:  # no baseline nor other shown point beats a shown one
+        assert not any(dominates(q, (p.metric, float(p.size), None), higher_is_better=True)
+                       for q in everything)
+    data = json.loads((out / "front.json").read_text())  # the record keeps them, marked
+    assert [(p["index"], p["shown"], p["beaten_by"]) for p in data["points"]] == [
+        (p.index, p.shown, p.beaten_by) for p in front.points]
+    assert data["recommended"] == front.recommended
+    assert data["recommendation"].startswith(f"deploy point {front.recommended}: ")
+    # the CLI: a table row for each shown point only, the reason for the others, the line
+    rows = re.findall(r"^point (\d+) ", printed, flags=re.MULTILINE)
+    assert rows == [str(p.index) for p in shown]
+    assert (f"{len(front.points) - len(shown)} of {len(front.points)} searched points hidden, "
+            "beaten on held-out agreement, size (") in printed
+    assert all(f"point {p.index} by int8" in printed for p in beaten)
+    assert f"\n{front.recommendation}\n" in printed
+    assert "trial budget used" in front.recommendation or "stopped after" in front.recommendation
+    # the report: the chart, the selector and the front table list shown points only
+    page = (out / "report.html").read_text()
+    payload = json.loads(re.search(r'<script type="application/json" id="mpsearch-data">(.*?)'
+                                   r"</script>", page, flags=re.DOTALL)[1])
+    assert [p["index"] for p in payload["front"]["points"]] == [p.index for p in shown]
+    assert payload["front"]["default"] == front.recommended
+    chart = payload["charts"]["chart-front"]["data"][1]
+    assert [c[0] for c in chart["customdata"]] == [p.index for p in shown]
+    options = re.findall(r'<option value="(\d+)">point \d+:', page)
+    assert options == [str(p.index) for p in shown]
+    visible, folded = page.split('<details id="hidden-points">')
+    assert "front, recommended" in visible and "beaten by int8" not in visible
+    assert all(f"point {p.index} by int8" in folded for p in beaten)

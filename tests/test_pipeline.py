@@ -26,19 +26,21 @@ from mpsearch import (
     write_report,
 )
 from mpsearch._io import write_json
-from mpsearch.analysis import assignment_key, dominated_flags, wilson_interval
+from mpsearch.analysis import assignment_key, wilson_interval
 from mpsearch.analysis._analysis import curve_steps
 from mpsearch.demo import DEMO_DATA, DEMO_MODEL
 from mpsearch.errors import SearchError
+from mpsearch.pareto import dominated_flags
 from mpsearch.pipeline import (
     REPORT_VIEW_NODES,
     SearchRun,
     export_point,
     prepare_inputs,
     search_run,
+    with_objectives,
 )
 from mpsearch.profiles import measures_latency
-from mpsearch.rundir import Front, RunDir
+from mpsearch.rundir import Baseline, Front, FrontPoint, RunDir
 from mpsearch.search import MEASURE_ABOVE, group_nodes
 from mpsearch.spec import SearchSpec, load_spec
 
@@ -124,8 +126,6 @@ def test_front_latency_is_timed_where_this_host_runs_the_target(searched: Search
         pytest.skip(f"this host does not run the target of {profile.name} "
                     f"({host_int8_isa().describe()})")
     assert front.latency_source == "measured" and front.latency_batch == 64
-    held = json.loads(RunDir(searched.run_dir).measurements.read_text())["splits"]["held-out"]
-    timed = {k: v for k, v in held["entries"].items() if "@latency" in k}
     fp32 = front.fp32
     assert fp32.latency == 1.0 and fp32.latency_ms is not None and fp32.batch_latency_ms
     assert fp32.latency_abs == pytest.approx(fp32.latency_ms / 1e3)
@@ -135,9 +135,11 @@ def test_front_latency_is_timed_where_this_host_runs_the_target(searched: Search
     for item in (*front.points, *front.uniform.values()):
         assert item.latency_ms is not None and item.batch_latency_ms is not None
         assert item.latency == pytest.approx(item.latency_ms / fp32.latency_ms)
-        assert any(item.latency_ms == pytest.approx(1e3 * v["seconds"])
-                   for v in timed.values() if v["batch"] == 1)
-    assert {v["batch"] for v in timed.values()} == {1, 64}
+    for item in (fp32, *front.points, *front.uniform.values()):  # medians inside their spread
+        assert item.latency_ms_interval and item.batch_latency_ms_interval
+        assert item.latency_ms_interval[0] <= item.latency_ms <= item.latency_ms_interval[1]
+        low, high = item.batch_latency_ms_interval
+        assert low <= item.batch_latency_ms <= high
     for point in front.points:
         estimate = estimate_latency(load_model(DEMO_MODEL), summarize(load_model(DEMO_MODEL)),
                                     profile, point.assignment)
@@ -158,17 +160,24 @@ def test_front_json_round_trips_through_rundir(searched: SearchRun, tmp_path: Pa
     write_json(tmp_path / "front.json", front.to_dict())  # non-finite floats as null
     assert run.front_json.read_text() == (tmp_path / "front.json").read_text()
     assert any(p.metrics["sqnr"] == math.inf for p in front.points)  # FP32's output: no noise
-    assert front.objectives == ("metric", "size")
+    timed = measures_latency(load_profile(json.loads(run.run_json.read_text())[
+        "resolved_profile"]))  # the default objectives: latency too where it is timed
+    assert front.objectives == (("metric", "size", "latency") if timed else ("metric", "size"))
     held = json.loads(run.measurements.read_text())["splits"]["held-out"]["entries"]
     (n,) = {entry["samples"] for entry in held.values() if "metrics" in entry}
     for point in front.points:  # accuracy: Wilson interval of k correct of the held-out n
         assert point.interval == wilson_interval(round(point.metric * n), n)
         assert point.interval[0] <= point.metric <= point.interval[1]
-    flags = dominated_flags([(p.metric, p.size, None) for p in front.points],
-                            higher_is_better=True)
+    def objectives(item: Baseline | FrontPoint) -> tuple[float, float, float | None]:
+        return (item.metric, float(item.size), item.latency if timed else None)
+
+    baselines = [objectives(b) for b in (front.fp32, *front.uniform.values())]
+    flags = dominated_flags([objectives(p) for p in front.points], higher_is_better=True,
+                            by=baselines)  # the baselines are candidates of the front
     assert tuple(p.dominated for p in front.points) == flags
+    assert tuple(not p.shown for p in front.points) == flags
     spec = load_spec(run.spec_yaml)  # the run directory's spec reads back as the same spec
-    assert dataclasses.replace(spec, path=None) == _spec()
+    assert dataclasses.replace(spec, path=None) == with_objectives(_spec())
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "searches").glob("*.yaml")), ids=lambda p: p.stem)
@@ -192,7 +201,8 @@ def test_patience_ends_the_search_when_the_front_stops_moving(tmp_path: Path) ->
     the last seed, found nothing an earlier trial did not match within one sample of the
     metric (accuracy) and 0.5 % of size; front.json says so, and a resume runs no more
     trials."""
-    spec = _spec(trials=500, patience=4, analysis=False)
+    # metric and size: the rule below leaves out latency (the default where it is timed)
+    spec = _spec(trials=500, patience=4, analysis=False, objectives=("metric", "size"))
     run = search_run(spec, tmp_path / "run")
     trials = sorted(run.result.trials, key=lambda r: r.trial)
     assert 4 < len(trials) < 500

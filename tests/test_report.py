@@ -664,25 +664,35 @@ def test_report_in_headless_chromium(run_dir: Path, tmp_path: Path, browser: Bro
     assert HOSTILE in browser.evaluate("document.getElementById('point-rows').textContent")
 
 
-def test_front_shows_intervals_as_error_bars_and_dominated_points_hollow() -> None:
-    points = [{"index": 0, "metric": 0.9, "size": 100, "latency": None,
+def test_front_shows_intervals_as_error_bars_and_hides_beaten_points() -> None:
+    points = [{"index": 0, "metric": 0.9, "size": 100, "latency": 0.8,
                "interval": [0.7864, 0.9565], "dominated": False, "counts": {}},
-              {"index": 1, "metric": 0.86, "size": 120, "latency": None,
-               "interval": [0.7381, 0.9305], "dominated": True, "counts": {}},
-              {"index": 2, "metric": 0.95, "size": 300, "latency": None, "counts": {}}]
+              {"index": 1, "metric": 0.86, "size": 120, "latency": 1.3,
+               "interval": [0.7381, 0.9305], "dominated": True, "shown": False,
+               "beaten_by": "point 0", "counts": {}},
+              {"index": 2, "metric": 0.95, "size": 300, "latency": 2.5, "counts": {}}]
     front = {"metric": "agreement", "higher_is_better": True, "points": points,
-             "fp32": {}, "uniform": {}}
+             "fp32": {}, "uniform": {}, "objectives": ["metric", "size", "latency"],
+             "recommended": 0, "recommendation": "deploy point 0: ..."}
     trace = figs.figure_front(front, [])["data"][1]
-    assert trace["marker"]["symbol"] == ["circle", "circle-open", "circle"]
-    assert trace["error_y"]["array"] == pytest.approx([0.0565, 0.0705, 0.0])
-    assert trace["error_y"]["arrayminus"] == pytest.approx([0.1136, 0.1219, 0.0])
-    assert trace["customdata"][1][2] == ("95 % interval [0.7381, 0.9305]<br><b>dominated</b> "
-                                         "after the held-out re-measure")
+    assert [c[0] for c in trace["customdata"]] == [0, 2]  # point 1 is not drawn
+    assert trace["marker"]["symbol"] == ["star", "circle"]  # the recommended one a star
+    assert [c[1] for c in trace["customdata"]] == ["1.25x faster than FP32",
+                                                   "2.50x slower than FP32"]
+    assert trace["error_y"]["array"] == pytest.approx([0.0565, 0.0])
+    assert trace["error_y"]["arrayminus"] == pytest.approx([0.1136, 0.0])
+    assert trace["customdata"][0][2] == "95 % interval [0.7864, 0.9565]"
     table = _front_table(front)
-    rows = re.findall(r"<tr><td>(\d)</td><td>([^<]*)</td><td>([^<]*)</td>.*?<td>(\w+)</td></tr>",
-                      table)
-    assert rows == [("0", "0.9", "[0.7864, 0.9565]", "front"),
-                    ("1", "0.86", "[0.7381, 0.9305]", "dominated"),
-                    ("2", "0.95", "n/a", "front")]
+    assert '<p id="recommendation"><b>deploy point 0: ...</b></p>' in table
+    shown, hidden = table.split('<details id="hidden-points">')
+    rows = re.findall(r"<tr><td>(\d)</td><td>([^<]*)</td><td>([^<]*)</td><td>[^<]*</td>"
+                      r"<td>([^<]*)</td><td>([^<]*)</td></tr>", shown)
+    assert rows == [("0", "0.9", "[0.7864, 0.9565]", "1.25x faster than FP32",
+                     "front, recommended"),
+                    ("2", "0.95", "n/a", "2.50x slower than FP32", "front")]
+    assert ("1 of 3 searched points hidden: beaten on held-out agreement, size and latency "
+            "(point 1 by point 0)") in hidden
+    assert re.findall(r"<tr><td>(\d)</td>.*?<td>([^<]*)</td></tr>", hidden) == [
+        ("1", "beaten by point 0")]
     assert "error_y" not in figs.figure_front(
         {**front, "points": [{**p, "interval": None} for p in points]}, [])["data"][1]

@@ -24,6 +24,7 @@ from mpsearch.demo import DEMO_MODEL
 from mpsearch.graph import load_model
 from mpsearch.pipeline import export_point, search_run
 from mpsearch.profiles import load_profile
+from mpsearch.rundir import Baseline, Front, FrontPoint
 from mpsearch.search import (
     MEASURE_ABOVE,
     Group,
@@ -139,7 +140,10 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("search")
     # The demo loses INT8 accuracy by construction on every CPU; x86_ort_auto keeps ORT's fused
     # int8 kernels exact on this machine (x86_ort with VNNI, x86_ort_avx2 without).
-    run = search_run(load_spec(_spec(tmp, model="demo", profile="x86_ort_auto")), tmp / "run")
+    # Metric and size (the default adds latency where it is timed: a noisy third objective
+    # these checks of the front's shape leave out).
+    spec = _spec(tmp, model="demo", profile="x86_ort_auto", extra="objectives: [metric, size]\n")
+    run = search_run(load_spec(spec), tmp / "run")
     assert run.front.points
     return run.run_dir
 
@@ -365,7 +369,8 @@ def test_sizes_a_few_bytes_apart_tie_on_the_front() -> None:
     """Uniform A16W8 is a few bytes of 16-bit zero points larger than uniform INT8 and far
     more accurate: within SIZE_TIE the sizes tie, so INT8 leaves the front; a point 1 % larger
     stays, and with latency as an objective the faster INT8 stays too."""
-    from mpsearch.search._study import SIZE_TIE, TrialRecord, _front
+    from mpsearch.pareto import SIZE_TIE
+    from mpsearch.search._study import TrialRecord, _front
 
     def record(trial: int, score: float, size: int, latency: float | None = None
                ) -> TrialRecord:
@@ -408,3 +413,34 @@ def test_best_trials_without_a_deep_copy_match_optuna_s(directions: list[str]) -
     ours = sorted(t.number for t in _best_trials(study))
     assert ours == sorted(t.number for t in study.best_trials)
     assert 3 <= len(ours) < 30
+
+
+def test_the_same_configuration_times_alike_in_three_searches(tmp_path: Path) -> None:
+    """Latency is the median of interleaved runs with their spread (fastest, slowest): three
+    searches of the same spec report, for FP32, uniform INT8 and every point they share,
+    batch-1 and batch-N intervals that overlap."""
+    spec = _spec(tmp_path, "resnet", trials=3, profile="x86_ort_auto",
+                 extra="analysis: false\nobjectives: [metric, size, latency]\n")
+    runs = [search_run(load_spec(spec), tmp_path / f"run{i}") for i in range(3)]
+    fronts = [run.front for run in runs]
+    assert all(f.latency_source == "measured" for f in fronts)
+    shared = set.intersection(*({json.dumps(dict(p.assignment), sort_keys=True)
+                                 for p in f.points} for f in fronts))
+
+    def items(front: Front) -> dict[str, Baseline | FrontPoint]:
+        found: dict[str, Baseline | FrontPoint] = {"fp32": front.fp32,
+                                                   "int8": front.uniform["int8"]}
+        for p in front.points:
+            key = json.dumps(dict(p.assignment), sort_keys=True)
+            if key in shared:
+                found[key] = p
+        return found
+
+    per_run = [items(f) for f in fronts]
+    assert len(per_run[0]) >= 3 and all(r.keys() == per_run[0].keys() for r in per_run)
+    for name in per_run[0]:
+        for field in ("latency_ms_interval", "batch_latency_ms_interval"):
+            intervals = [getattr(r[name], field) for r in per_run]
+            assert all(i is not None and i[0] <= i[1] for i in intervals), (name, field)
+            low, high = max(i[0] for i in intervals), min(i[1] for i in intervals)
+            assert low <= high, (name, field, intervals)

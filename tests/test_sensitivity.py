@@ -24,7 +24,9 @@ from mpsearch.analysis import (
     output_kl,
     rank_sensitivity,
 )
+from mpsearch.assignment import assignment_key
 from mpsearch.cli._analyze import add_analyze_parser
+from mpsearch.clock import ROUNDS
 from mpsearch.data import Dataset, load_data
 from mpsearch.errors import MpsearchError, QuantizationError, SpecError
 from mpsearch.evaluate import Evaluator
@@ -298,48 +300,18 @@ def test_cli_handler_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixt
     assert not (tmp_path / "run" / "report.html").exists()
 
 
-def test_latency_at_the_measuring_batch_counts_the_measurement_s_runs(mlp: Prepared) -> None:
-    """A configuration just measured in four batches of 16 has four timed runs of that batch
-    (its session draws on the warm memory pool: no warm-up): its latency at batch 16, three
-    repeats, is the median of the last three, with no run added."""
+def test_latency_is_timed_by_the_clock_once_and_cached(mlp: Prepared) -> None:
+    """A latency is :mod:`mpsearch.clock`'s median of its repeat policy, kept in the
+    measurement cache (a rerun does not time again) beside the measurement it leaves alone."""
     measurer = Measurer(mlp.quantizer(), mlp.validation, batch_size=16)
     formats = {node.name: "int8" for node in mlp.graph.quantizable_nodes()}
-    measurer.measure(formats, samples=64)
-    state = measurer._open
-    assert state is not None
-    runs = list(state.full_runs)
-    assert len(runs) == 4
-    assert measurer.latency(formats, batch=16, repeat=3) == float(np.median(runs[-3:]))
-    assert state.full_runs == runs  # nothing ran again
-
-
-def test_latency_counts_the_runs_another_measurer_made_of_the_same_configuration(
-        mlp: Prepared) -> None:
-    """The held-out latency of a front point at the measuring batch also counts the full
-    batches its search-split measurement ran (kept in the measurement, through the cache's
-    JSON): two measurers of two batches each give four runs, and four repeats add none. The
-    FP32 model's counts the batches that made the two evaluators' reference outputs."""
-    search_data, held_data = mlp.validation.split(0.5, seed=0)
-    batch = min(len(search_data), len(held_data)) // 2
-    searched = Measurer(mlp.quantizer(), search_data.take(2 * batch), batch_size=batch)
-    held = Measurer(mlp.quantizer(), held_data.take(2 * batch), batch_size=batch)
-    formats = {node.name: "int16" for node in mlp.graph.quantizable_nodes()}
-    measured = searched.measure(formats)
-    trial = Measurement.from_dict(json.loads(json.dumps(measured.to_dict())))
-    assert len(trial.runs) == 2 and trial.runs == measured.runs
-    assert searched.timed_runs(formats) == measured.runs
-    held.measure(formats)
-    state = held._open
-    assert state is not None and len(state.full_runs) == 2
-    seconds = held.latency(formats, batch=batch, repeat=4, runs=trial.runs)
-    assert seconds == float(np.median([*trial.runs, *state.full_runs]))
-    assert len(state.full_runs) == 2
-    # the FP32 model's: the runs that made each evaluator's reference outputs
-    reference = [*searched.evaluator.reference_runs, *held.evaluator.reference_runs]
-    assert len(reference) == 4
-    assert searched.timed_runs({}) == searched.evaluator.reference_runs
-    assert held.latency({}, batch=batch, repeat=4,
-                        runs=searched.timed_runs({})) == float(np.median(reference))
+    measured = measurer.measure(formats, samples=64)
+    seconds = measurer.latency(formats, batch=16)
+    assert 0 < seconds < 10
+    key = f"{assignment_key(measurer.canonical(formats))}@latency16"
+    assert measurer.cache[key] == {"seconds": seconds, "batch": 16, "repeat": ROUNDS}
+    assert measurer.latency(formats, batch=16) == seconds  # from the cache
+    assert measurer.measure(formats, samples=64) == measured
 
 
 def test_outputs_of_the_configuration_just_measured_come_without_a_second_pass(

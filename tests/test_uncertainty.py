@@ -1,14 +1,15 @@
-"""Held-out intervals and dominance (mpsearch.analysis._uncertainty), and their run files."""
+"""Held-out intervals (mpsearch.analysis._uncertainty), and their run files."""
 
 from __future__ import annotations
 
 import csv
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from mpsearch.analysis import Z95, bootstrap_interval, dominated_flags, wilson_interval
+from mpsearch.analysis import Z95, bootstrap_interval, wilson_interval
 from mpsearch.evaluate import METRICS
 from mpsearch.rundir import Baseline, Front, FrontPoint, RunDir
 
@@ -50,21 +51,6 @@ def test_bootstrap_interval_of_agreement_matches_the_normal_approximation() -> N
                               rounds=2000, seed=3) == (low, high)  # seeded
 
 
-def test_dominated_flags() -> None:
-    points = [(0.90, 100, None), (0.85, 120, None), (0.95, 200, None), (0.95, 200, None),
-              (0.80, 90, None)]
-    assert dominated_flags(points, higher_is_better=True) == (False, True, False, False, False)
-    assert dominated_flags([(0.1, 100, None), (0.2, 100, None)],
-                           higher_is_better=False) == (False, True)
-    timed = [(0.9, 100, 1.0), (0.9, 100, 0.5)]
-    assert dominated_flags(timed, higher_is_better=True) == (True, False)
-    # latency counts only between two points that both have one
-    assert dominated_flags([(0.9, 100, None), (0.9, 100, 0.5)],
-                           higher_is_better=True) == (False, False)
-    assert dominated_flags([*timed, (0.8, 120, None)],
-                           higher_is_better=True) == (True, False, True)
-
-
 def _front(points: tuple[FrontPoint, ...]) -> Front:
     return Front(metric="agreement", higher_is_better=True, objectives=("metric", "size"),
                  fp32=Baseline(metric=1.0, size=400), uniform={}, points=points,
@@ -80,18 +66,26 @@ def _point(index: int, metric: float, size: int, **extra: object) -> FrontPoint:
 
 def test_front_files_carry_interval_and_dominated(tmp_path: object) -> None:
     run = RunDir(tmp_path).create()  # type: ignore[arg-type]
-    points = (_point(0, 0.9, 100, interval=wilson_interval(45, 50)),
-              _point(1, 0.86, 120, interval=wilson_interval(43, 50), dominated=True))
-    run.write_front(_front(points))
-    assert run.read_front().points == points
+    points = (_point(0, 0.9, 100, interval=wilson_interval(45, 50),
+                     latency_ms=0.25, latency_ms_interval=(0.2, 0.3)),
+              _point(1, 0.86, 120, interval=wilson_interval(43, 50), dominated=True,
+                     shown=False, beaten_by="point 0"))
+    front = replace(_front(points), recommended=0, recommendation="deploy point 0: ...")
+    run.write_front(front)
+    assert run.read_front() == front
     rows = list(csv.DictReader(run.front_csv.open()))
-    assert [(r["metric"], r["metric_low"][:6], r["metric_high"][:6], r["dominated"])
-            for r in rows] == [("0.9", "0.7863", "0.9565", "False"),
-                               ("0.86", "0.7381", "0.9304", "True")]
+    assert [(r["metric"], r["metric_low"][:6], r["metric_high"][:6], r["dominated"],
+             r["shown"], r["beaten_by"], r["latency_ms_low"], r["latency_ms_high"])
+            for r in rows] == [("0.9", "0.7863", "0.9565", "False", "True", "", "0.2", "0.3"),
+                               ("0.86", "0.7381", "0.9304", "True", "False", "point 0", "",
+                                "")]
 
 
 def test_front_json_without_intervals_still_reads() -> None:
     data = _point(0, 0.9, 100).to_dict()
-    del data["interval"], data["dominated"]
+    del data["interval"], data["dominated"], data["shown"], data["beaten_by"]
+    del data["latency_ms_interval"], data["batch_latency_ms_interval"]
     point = FrontPoint.from_dict(data)
-    assert (point.interval, point.dominated) == (None, False)
+    assert (point.interval, point.dominated, point.shown, point.beaten_by) == (None, False,
+                                                                               True, None)
+    assert point.latency_ms_interval is None

@@ -44,7 +44,6 @@ from mpsearch.analysis._sensitivity import (
 from mpsearch.analysis._uncertainty import (
     Z95,
     bootstrap_interval,
-    dominated_flags,
     wilson_interval,
 )
 
@@ -70,7 +69,6 @@ __all__ = [
     "analyze_distributions",
     "assignment_key",
     "bootstrap_interval",
-    "dominated_flags",
     "kendall_tau",
     "lower_formats",
     "measure_curve",

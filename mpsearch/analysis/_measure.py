@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -26,6 +26,7 @@ import onnx
 
 from mpsearch.analysis._prefix import Cut, FloatPrefix
 from mpsearch.assignment import assignment_key
+from mpsearch.clock import ROUNDS
 from mpsearch.data import Dataset
 from mpsearch.evaluate import Evaluator, resolve_metric
 from mpsearch.quantize import Quantizer
@@ -36,8 +37,7 @@ __all__ = ["Measurement", "Measurer", "assignment_key", "output_kl"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Measurement:
-    """Metrics of one assignment against FP32, with where the time went; ``runs``: seconds of
-    each full batch its session ran (latencies at the measuring batch size)."""
+    """Metrics of one assignment against FP32, with where the time went."""
 
     metrics: Mapping[str, float]
     primary: str
@@ -46,7 +46,6 @@ class Measurement:
     build_s: float = 0.0
     session_s: float = 0.0
     eval_s: float = 0.0
-    runs: tuple[float, ...] = ()
 
     @property
     def value(self) -> float:
@@ -71,7 +70,7 @@ class Measurement:
     def to_dict(self) -> dict[str, Any]:
         return {"metrics": dict(self.metrics), "primary": self.primary, "kl": self.kl,
                 "samples": self.samples, "build_s": self.build_s,
-                "session_s": self.session_s, "eval_s": self.eval_s, "runs": list(self.runs)}
+                "session_s": self.session_s, "eval_s": self.eval_s}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
@@ -83,7 +82,7 @@ class Measurement:
                    build_s=float(data.get("build_s", 0.0)),
                    session_s=float(data.get("session_s", 0.0)),
                    eval_s=float(data.get("eval_s", 0.0)),
-                   runs=tuple(float(t) for t in data.get("runs", ())))
+)
 
 
 def output_kl(reference: np.ndarray, outputs: np.ndarray) -> float | None:
@@ -110,9 +109,7 @@ def output_kl(reference: np.ndarray, outputs: np.ndarray) -> float | None:
 class _Open:
     """The configuration measured last: its model, its session of the whole model (opened on
     first need: a first batch served by the part that differs from FP32 needs none), the
-    outputs gathered so far and the seconds of each full batch that session ran. Sessions
-    draw on the process's warm memory pool, so a first run times like the next ones
-    (measured: benchmarks/RESULTS.md, "One memory pool for the measuring sessions")."""
+    outputs gathered so far. Sessions draw on the process's warm memory pool."""
 
     key: str
     model: onnx.ModelProto
@@ -121,7 +118,6 @@ class _Open:
     session_s: float
     eval_s: float
     session: Session | None = None
-    full_runs: list[float] = field(default_factory=list)
 
 
 class Measurer:
@@ -215,7 +211,7 @@ class Measurer:
             metrics=MappingProxyType(evaluator.metrics(outputs)), primary=evaluator.primary.name,
             kl=output_kl(evaluator.reference[:count], outputs), samples=len(outputs),
             build_s=state.build_s, session_s=state.session_s, eval_s=state.eval_s,
-            runs=tuple(state.full_runs))
+)
         self.evaluations += 1
         self.measured.append(key)
         self.cache[key] = result.to_dict()
@@ -253,12 +249,8 @@ class Measurer:
                 done = count
         for feeds in self.data.batches(self.batch_size, start=done, stop=count):
             session = self._session(state)
-            run_start = time.perf_counter()
             state.outputs.append(session.run(feeds, [output])[output])
-            rows = len(next(iter(feeds.values()))) if feeds else 0
-            if rows == self.batch_size:  # a full batch: a latency at the measuring batch
-                state.full_runs.append(time.perf_counter() - run_start)
-            done += rows
+            done += len(next(iter(feeds.values()))) if feeds else 0
         state.eval_s += time.perf_counter() - start - (state.session_s - opening)
         return np.concatenate(state.outputs, axis=0)[:count]
 
@@ -280,40 +272,24 @@ class Measurer:
         output = self.evaluator.output
         return session.run(cut.feeds, [output])[output]
 
-    def latency(self, formats: Mapping[str, str], *, batch: int = 1, repeat: int = 5,
-                runs: Sequence[float] = ()) -> float:
+    def latency(self, formats: Mapping[str, str], *, batch: int = 1, repeat: int = ROUNDS
+                ) -> float:
         """Median seconds of one ONNX Runtime run of the model with ``formats`` on the first
-        ``batch`` samples, of ``repeat`` timed runs; cached like the measurements (a rerun does
-        not time again). The session of the configuration measured last is reused: timed at
-        the measuring batch size, the full batches it ran (else :meth:`timed_runs`) count
-        towards ``repeat`` and need no warm-up, as do ``runs`` (another measurer's
-        :meth:`timed_runs` of this configuration: same batch size, other data of the same
-        shapes)."""
+        ``batch`` samples, of ``repeat`` timed runs after a warm-up (:mod:`mpsearch.clock`);
+        cached like the measurements (a rerun does not time again). The session of the
+        configuration measured last is reused."""
         canonical = self.canonical(formats)
         base = assignment_key(canonical)
         batch = self.count(batch)
         key = f"{base}@latency{batch}"
         if key not in self.cache:
             state = self._continue(base, canonical)
-            timed: list[float] = []
-            if batch == self.batch_size:  # full batches already timed at this size
-                timed = [*runs, *(state.full_runs or self.timed_runs(canonical))]
             feeds = next(iter(self.data.batches(batch, stop=batch)))
-            seconds = self._session(state).time_batch(feeds, repeat, warmup=not timed,
-                                                      timed=timed)
+            seconds = self._session(state).time_batch(feeds, repeat)
             self.cache[key] = {"seconds": seconds, "batch": batch, "repeat": repeat}
             if self.on_new is not None:
                 self.on_new()
         return float(self.cache[key]["seconds"])
-
-    def timed_runs(self, formats: Mapping[str, str]) -> tuple[float, ...]:
-        """Seconds of the full batches this measurer ran of the model with ``formats`` on all
-        its samples: its measurement's, or the FP32 model's runs that made the evaluator's
-        reference outputs; empty when it has not measured that configuration whole."""
-        if not self.canonical(formats):
-            return self.evaluator.reference_runs
-        measured = self.cached(formats)
-        return () if measured is None else measured.runs
 
     def _continue(self, base: str, formats: Mapping[str, str]) -> _Open:
         """The open state of ``base`` (the configuration measured last), else a new one."""

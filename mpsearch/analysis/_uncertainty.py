@@ -1,4 +1,4 @@
-"""How sure a held-out measurement is: 95 % intervals and dominance after the re-measure.
+"""How sure a held-out measurement is: 95 % intervals.
 
 Consumes a metric's value and sample count (accuracy-like metrics, which are proportions k / n)
 or its per-sample outputs (any other metric); produces ``(low, high)`` intervals:
@@ -10,17 +10,17 @@ or its per-sample outputs (any other metric); produces ``(low, high)`` intervals
 * :func:`bootstrap_interval`: the seeded percentile bootstrap over samples for every other
   metric (SQNR, MSE, cosine, other user metrics).
 
-:func:`dominated_flags` marks the front points that another point beats after the re-measure.
+Which points another beats after the re-measure is :mod:`mpsearch.pareto`'s rule.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["Z95", "bootstrap_interval", "dominated_flags", "wilson_interval"]
+__all__ = ["Z95", "bootstrap_interval", "wilson_interval"]
 
 #: The two-sided 95 % standard normal quantile.
 Z95 = 1.959963984540054
@@ -57,22 +57,3 @@ def bootstrap_interval(
     tail = (1.0 - level) / 2 * 100
     low, high = np.percentile(finite, [tail, 100 - tail])
     return float(low), float(high)
-
-
-def dominated_flags(points: Sequence[tuple[float, float, float | None]], *,
-                    higher_is_better: bool) -> tuple[bool, ...]:
-    """For each (metric, size, latency) point, whether another point is at least as good on
-    every objective and better on one (latency counts only when both points have one)."""
-    if not points:
-        return ()
-    sign = 1.0 if higher_is_better else -1.0
-    loss = np.array([(-sign * m, s, math.nan if lat is None else lat) for m, s, lat in points],
-                    dtype=float)
-    a, b = loss[:, None, :], loss[None, :, :]  # [i, j]: point i against point j
-    missing = np.isnan(loss[:, 2])
-    unknown = np.zeros((len(loss), len(loss), 3), dtype=bool)
-    unknown[:, :, 2] = missing[:, None] | missing[None, :]  # either point lacks a latency
-    no_worse = ((a <= b) | unknown).all(axis=2)
-    better = ((a < b) & ~unknown).any(axis=2)
-    dominated = np.any(no_worse & better, axis=0)
-    return tuple(bool(dominated[i]) for i in range(len(points)))

@@ -1,28 +1,52 @@
 """Command-line interface: argparse sub-commands, each a thin call into the Python API.
 
-Exit codes: 0 ok, 1 nothing feasible (a search found no configuration meeting its
-constraints), 2 bad input (any :class:`~mpsearch.errors.MpsearchError`). A traceback is shown
+Exit codes (docs/exit-codes.md): 0 ok, 1 nothing feasible (a search found no configuration
+meeting its constraints), 2 bad input (any :class:`~mpsearch.errors.MpsearchError`, a bad
+flag, an output that cannot be written), 3 internal error, 130 interrupted (Ctrl-C). Every
+failure prints one line on stderr and leaves nothing at ``--out`` that the command created
+(an interrupted search keeps a run directory ``--resume`` can continue). A traceback is shown
 only with ``--debug``.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from mpsearch import __version__
 from mpsearch.cli._analyze import add_analyze_parser
 from mpsearch.cli._calibrate import add_calibrate_parser
+from mpsearch.cli._output import Output
 from mpsearch.cli._pipeline import add_pipeline_parsers
 from mpsearch.cli._profiles import add_profiles_parser
+from mpsearch.cli._progress import close_bars
 from mpsearch.cli._report import add_report_parser
 from mpsearch.cli._serve import add_serve_parser
 from mpsearch.errors import MpsearchError
 
 __all__ = ["main"]
+
+#: File errors the user can fix (space, permissions, a path that is a file): exit 2.
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
+                           errno.EFBIG, errno.ENOTDIR, errno.EISDIR, errno.EEXIST})
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+class _UsageError(Exception):
+    """A bad command line (argparse's message)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, its errors one line (``mpsearch: error: ...``, exit 2) instead of the usage
+    text and the message."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{self.prog}: {message}; see {self.prog} --help")
 
 
 def _summary(args: argparse.Namespace) -> int:
@@ -37,7 +61,7 @@ def _summary(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mpsearch",
         description="Mixed-precision (INT8/INT16/FP32) search for ONNX models under a hardware "
                     "profile.",
@@ -65,24 +89,65 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return int(args.func(args))
-    except MpsearchError as e:
-        if args.debug:
-            raise
+        args = parser.parse_args(argv)
+    except _UsageError as e:
         print(f"mpsearch: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("mpsearch: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # a bug, not bad input: exit 3, traceback only with --debug
-        if args.debug:
+    level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    output = Output.of(args)
+    try:
+        if output is not None:
+            output.check()
+        code = int(args.func(args))
+    except SystemExit:
+        raise
+    except BaseException as e:  # every way out: one line, the documented code, no half output
+        close_bars()
+        if args.debug and not _interrupted(e):
             raise
-        lines = str(e).strip().splitlines()
-        detail = f"{type(e).__name__}: {lines[0][:300]}" if lines else type(e).__name__
-        print(f"mpsearch: internal error: {detail}; run with --debug for the traceback",
-              file=sys.stderr)
-        return 3
+        code, line = _failure(e)
+        if code in (2, 3, 130) and output is not None:
+            line += output.clean(code)
+        print(line, file=sys.stderr)
+        return code
+    return code
+
+
+def _failure(error: BaseException) -> tuple[int, str]:
+    """(exit code, stderr line) for an exception that ended a command."""
+    if _interrupted(error):
+        return 130, "mpsearch: interrupted"
+    if isinstance(error, MpsearchError):
+        return 2, f"mpsearch: error: {_one_line(str(error))}"
+    if isinstance(error, OSError) and error.errno in _WRITE_ERRNOS:
+        where = f"'{error.filename}'" if error.filename else "the output"
+        if error.errno in _FULL_ERRNOS:
+            return 2, (f"mpsearch: error: cannot write {where} ({error.strerror or error}); "
+                       "free space or choose another --out")
+        return 2, (f"mpsearch: error: cannot access {where} ({error.strerror or error}); "
+                   "check the path and its permissions")
+    if isinstance(error, MemoryError):
+        return 2, ("mpsearch: error: out of memory; use fewer or smaller samples, a smaller "
+                   "--batch-size, or a machine with more memory")
+    lines = str(error).strip().splitlines()
+    detail = f"{type(error).__name__}: {lines[0][:300]}" if lines else type(error).__name__
+    return 3, f"mpsearch: internal error: {detail}; run with --debug for the traceback"
+
+
+def _interrupted(error: BaseException | None) -> bool:
+    """A KeyboardInterrupt, or an error caused by one (numba's compiled loops turn a Ctrl-C
+    arriving inside them into ``SystemError: CPUDispatcher(...) returned a result with an
+    exception set``, its cause the KeyboardInterrupt)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) or "no detail"

@@ -6,18 +6,55 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from mpsearch.cli._output import search_dir
 from mpsearch.cli._progress import BarProgress
+from mpsearch.rundir import Baseline, Front, FrontPoint, format_bytes, versus_fp32
 
 __all__ = ["add_pipeline_parsers"]
 
 
-def _kb(size: float) -> str:
-    """Bytes for people: 81.1 kB, 3.91 MB."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if size >= scale:
-            return f"{size / scale:.3g} {unit}" if size < 100 * scale else \
-                f"{size / scale:.0f} {unit}"
-    return f"{size:.0f} B"
+def _latency_line(latency_s: float | None, fp32_latency_s: float | None) -> str:
+    """The export's batch-1 latency against FP32's, in ms and in words."""
+    if latency_s is None or fp32_latency_s is None:
+        return "latency  not timed (this machine does not run the profile's target)"
+    return (f"latency  {latency_s * 1e3:.3g} ms vs FP32 {fp32_latency_s * 1e3:.3g} ms "
+            f"(batch 1, {versus_fp32(latency_s / fp32_latency_s)})")
+
+
+def _ms(value: float | None, interval: tuple[float, float] | None) -> str:
+    """A median in ms with its interval: "0.175 [0.171-0.182]"; "-" when unknown."""
+    if value is None:
+        return "-"
+    return f"{value:.3g}" + ("" if interval is None else
+                             f" [{interval[0]:.3g}-{interval[1]:.3g}]")
+
+
+def _front_table(front: Front, show_all: bool) -> None:
+    """The front (shown points, or every point with ``show_all``) and its baselines."""
+    metric, batch = front.metric, front.latency_batch
+    points = front.points if show_all else front.shown
+    rows: list[tuple[str, float, int, Baseline | FrontPoint]] = [
+        ("FP32", front.fp32.metric, front.fp32.size, front.fp32)]
+    rows += [(f"uniform {k}", b.metric, b.size, b) for k, b in front.uniform.items()]
+    rows += [(f"point {p.index}" + ("" if p.shown else f" (beaten by {p.beaten_by})"),
+              p.metric, p.size, p) for p in points]
+    timed = front.latency_source == "measured"
+    width = max(len(row[0]) for row in rows)
+    head = f"{'':<{width}} {metric:>9} {'size':>9}"
+    if timed:
+        head += f"  {'ms, batch 1':>20}  {f'ms, batch {batch}':>20}"
+    print(head + "  latency")
+    for name, value, size, item in rows:
+        line = f"{name:<{width}} {value:>9.4f} {format_bytes(size):>9}"
+        if timed:
+            line += (f"  {_ms(item.latency_ms, item.latency_ms_interval):>20}"
+                     f"  {_ms(item.batch_latency_ms, item.batch_latency_ms_interval):>20}")
+        words = versus_fp32(item.latency) if item is not front.fp32 else ""
+        estimated = " (estimate)" if front.latency_source == "estimated" and words != "-" else ""
+        print(f"{line}  {words}{estimated}")
+        if isinstance(item, FrontPoint):
+            print(f"{'':<{width}} formats: "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(item.counts.items())))
 
 
 def _quantize(args: argparse.Namespace) -> int:
@@ -31,12 +68,11 @@ def _quantize(args: argparse.Namespace) -> int:
                           progress=BarProgress(not args.quiet))
     fp32, quantized = result.fp32, result.evaluation
     print(f"wrote    {result.path}")
-    print(f"size     {_kb(result.size)} vs FP32 {_kb(result.fp32_size)} "
+    print(f"size     {format_bytes(result.size)} vs FP32 {format_bytes(result.fp32_size)} "
           f"({result.size / result.fp32_size:.2f}x)")
     for name, value in quantized.metrics.items():
         print(f"{name:<8} {value:.4f} vs FP32 {fp32.metrics.get(name, float('nan')):.4f}")
-    print(f"latency  {result.latency_s * 1e3:.2f} ms vs FP32 {result.fp32_latency_s * 1e3:.2f} "
-          f"ms (batch 1, {result.fp32_latency_s / result.latency_s:.2f}x speed-up)")
+    print(_latency_line(result.latency_s, result.fp32_latency_s))
     return 0
 
 
@@ -57,25 +93,22 @@ def _search(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec).with_overrides(storage=args.storage, study=args.study,
                                                trials=args.trials, seed=args.seed)
-    run_dir = Path(args.out) if args.out else Path("runs") / Path(args.spec).stem
+    run_dir = search_dir(args)
     progress = BarProgress(not args.quiet)
     run = search_run(spec, run_dir, resume=args.resume, progress=progress)
     progress.close()
-    front, metric = run.front, run.front.metric
+    front = run.front
     print(f"run dir  {run.run_dir}  ({run.result.evaluations} evaluations, "
           f"{run.result.seconds:.1f} s search)")
-    if front.stopped:
-        print(f"stopped  {front.stopped}")
-    print(f"FP32     {metric} {front.fp32.metric:.4f}  size {_kb(front.fp32.size)}")
-    for name, point in front.uniform.items():
-        print(f"uniform {name:<6} {metric} {point.metric:.4f}  size {_kb(point.size)}")
-    print(f"\nPareto front ({len(front.points)} points, {metric} on held-out data):")
-    print(f"{'point':>5} {metric:>9} {'size':>12} {'latency':>8}  formats")
-    for p in front.points:
-        latency = "-" if p.latency is None else f"{p.latency:.2f}x"
-        counts = ", ".join(f"{k} {v}" for k, v in sorted(p.counts.items()))
-        print(f"{p.index:>5} {p.metric:>9.4f} {_kb(p.size):>12} {latency:>8}  {counts}")
-    _print_targets(front.points)
+    shown = len(front.points) if args.all else len(front.shown)
+    print(f"\nPareto front ({shown} of {len(front.points)} points, {front.metric} on held-out "
+          "data, with the baselines):")
+    _front_table(front, args.all)
+    _print_targets(front.shown if not args.all else front.points)
+    note = front.hidden_note()
+    if note and not args.all:
+        print(f"\n{note} (--all lists them)")
+    print(f"\n{front.recommendation}")
     if not args.no_report:
         _report(run.run_dir)
     print(f"\nexport:  mpsearch export {run.run_dir} --point K --out model.onnx")
@@ -117,12 +150,11 @@ def _export(args: argparse.Namespace) -> int:
     result = export_point(args.run_dir, args.point, args.out, target=args.target)
     fp32 = result.fp32
     print(f"wrote    {result.path} (front point {args.point})")
-    print(f"size     {_kb(result.size)} vs FP32 {_kb(result.fp32_size)} "
+    print(f"size     {format_bytes(result.size)} vs FP32 {format_bytes(result.fp32_size)} "
           f"({result.size / result.fp32_size:.2f}x)")
     for name, value in result.evaluation.metrics.items():
         print(f"{name:<8} {value:.4f} vs FP32 {fp32.metrics.get(name, float('nan')):.4f}")
-    print(f"latency  {result.latency_s * 1e3:.2f} ms vs FP32 {result.fp32_latency_s * 1e3:.2f} "
-          f"ms (batch 1)")
+    print(_latency_line(result.latency_s, result.fp32_latency_s))
     if result.point is not None:
         print(f"front    {result.point.metric:.4f}; re-measured {result.evaluation.value:.4f}")
     if result.target_placement is not None and result.target_metric is not None:
@@ -169,6 +201,8 @@ def add_pipeline_parsers(commands: argparse._SubParsersAction) -> None:  # type:
     search.add_argument("--trials", type=int, help="total trials (overrides the spec)")
     search.add_argument("--seed", type=int, help="sampler seed (overrides the spec)")
     search.add_argument("--no-report", action="store_true", help="do not write report.html")
+    search.add_argument("--all", action="store_true",
+                        help="list the points a baseline or another point beats too")
     search.set_defaults(func=_search)
 
     export = commands.add_parser("export", help="write a front point as a QDQ model")

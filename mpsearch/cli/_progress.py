@@ -3,13 +3,34 @@ stage starts (a stage's total may grow while it runs) or by :meth:`BarProgress.c
 
 from __future__ import annotations
 
+import logging
+import shutil
+import weakref
 from typing import Any
 
 from tqdm import tqdm
 
 from mpsearch.progress import Progress
 
-__all__ = ["BarProgress"]
+__all__ = ["BarProgress", "close_bars"]
+
+_OPEN: weakref.WeakSet[BarProgress] = weakref.WeakSet()
+
+
+def close_bars() -> None:
+    """Close every open bar (before an error line, so it does not land on a bar's line), also
+    one a Ctrl-C cut off while tqdm was drawing it (tqdm keeps every live bar; one interrupted
+    before its first draw finished would not erase itself)."""
+    for progress in list(_OPEN):
+        progress.close()
+    for bar in list(getattr(tqdm, "_instances", ())):
+        try:
+            if not hasattr(bar, "last_print_t") and getattr(bar, "sp", None) is not None:
+                width = shutil.get_terminal_size().columns - 1
+                bar.fp.write("\r" + " " * width + "\r")
+            bar.close()
+        except Exception:  # a bar interrupted half-built: nothing more to erase
+            logging.getLogger(__name__).debug("could not close a progress bar", exc_info=True)
 
 
 class BarProgress:
@@ -28,6 +49,7 @@ class BarProgress:
             self._stage = progress.stage
             self._bar = tqdm(total=progress.total, desc=progress.stage, unit=progress.unit,
                              leave=False)
+            _OPEN.add(self)
         bar = self._bar
         if progress.total is not None and bar.total != progress.total:
             bar.total = progress.total

@@ -15,9 +15,11 @@ arithmetic is float32; values below ``lo`` (and NaN) saturate into the first bin
 
 from __future__ import annotations
 
+import functools
 import math
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
 # Sleeping, not spinning, OpenMP workers: on few shared cores (ONNX Runtime's pool runs between
 # kernel calls) spinning workers cost ~50 ms per parallel region. Must precede numba's pool.
@@ -58,6 +60,30 @@ Stats = tuple[float, float, float, float, np.ndarray]
 _BLOCK = 2048  # elements per inner block: the block stays in L1 between its passes
 _MIN_CHUNK = 65536  # elements per parallel chunk, at least
 _COARSE = 128  # candidates per coarse threshold search (then as many around the best one)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _interruptible(kernel: Callable[P, R]) -> Callable[P, R]:
+    """``kernel`` with a Ctrl-C arriving inside compiled code raised as KeyboardInterrupt: numba's
+    dispatcher otherwise reports it as ``SystemError: CPUDispatcher(...) returned a result with
+    an exception set``, the KeyboardInterrupt only at the end of its chain of causes."""
+
+    @functools.wraps(kernel)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return kernel(*args, **kwargs)
+        except SystemError as e:
+            cause: BaseException | None = e
+            for _ in range(16):  # numba wraps it in a SystemError per nested dispatch
+                cause = cause.__cause__ or cause.__context__ if cause is not None else None
+                if isinstance(cause, KeyboardInterrupt):
+                    raise KeyboardInterrupt from e
+            raise
+
+    return run
 
 
 def set_threads(threads: int) -> None:
@@ -161,6 +187,7 @@ def _key_to_float(key: int) -> float:
     return float(np.array([bits], dtype=np.int32).view(np.float32)[0])
 
 
+@_interruptible
 def tensor_stats(x: Any, lo: float, hi: float, bins: int) -> Stats:
     """(min, max, sum, sum of squares, histogram) of ``x`` in one parallel pass over memory.
 
@@ -225,6 +252,7 @@ def _rebin_kernel(hist, lo, hi, new_lo, new_hi, new_bins):
     return out
 
 
+@_interruptible
 def histogram_rebin(
     hist: Any, lo: float, hi: float, new_lo: float, new_hi: float, new_bins: int
 ) -> np.ndarray:
@@ -250,6 +278,7 @@ def histogram_rebin_numpy(
     return np.diff(np.concatenate(([0.0], cdf, [h.sum()])))
 
 
+@_interruptible
 def histogram_merge(
     a: Any, a_lo: float, a_hi: float, b: Any, b_lo: float, b_hi: float, bins: int | None = None
 ) -> tuple[np.ndarray, float, float]:
@@ -335,6 +364,7 @@ def _percentile(quantile: Any, hist: Any, lo: float, hi: float, p: float,
     return float(quantile(h, lo, hi, cut)), float(quantile(h, lo, hi, 1.0 - cut))
 
 
+@_interruptible
 def percentile_range(
     hist: Any, lo: float, hi: float, p: float, *, symmetric: bool = False
 ) -> tuple[float, float]:
@@ -410,6 +440,7 @@ def _kl_kernel(hist, nq, start, eps):
 KL_EPS = 1e-4
 
 
+@_interruptible
 def entropy_divergences(hist_abs: Any, nq: int, start: int) -> np.ndarray:
     """KL(P || Q) for every candidate threshold bin ``i`` in [start, len(hist_abs)].
 
@@ -463,6 +494,7 @@ def _entropy(curve_fn: Any, hist: Any, lo: float, hi: float, bits: int) -> float
     return float(amax * (best + nq) / h.size)
 
 
+@_interruptible
 def entropy_threshold(hist: Any, lo: float, hi: float, bits: int) -> float:
     """TensorRT-style threshold ``t`` on ``|x|`` minimizing the KL divergence between the
     histogram and its ``bits``-bit quantization; the full range when ``2**bits`` levels
@@ -531,6 +563,7 @@ def _levels(bits: int) -> float:
     return float((1 << bits) - 1)
 
 
+@_interruptible
 def range_mse(hist: Any, lo: float, hi: float, a: float, b: float, bits: int) -> float:
     """Expected squared error of quantizing the histogram's values (uniform inside each bin)
     on the ``bits``-bit grid of the range [a, b] (widened to contain 0), clipping included."""
@@ -612,6 +645,7 @@ def _mse_search_kernel(hist, lo, hi, mn, mx, levels, symmetric, coarse):
     return best_a, best_b
 
 
+@_interruptible
 def mse_threshold(
     hist: Any, lo: float, hi: float, bits: int, *, symmetric: bool = False,
     data_range: tuple[float, float] | None = None,
@@ -684,6 +718,7 @@ def _fq_args(scale: Any, zero_point: Any, qmin: int, qmax: int) -> tuple[Any, ..
     return (np.float32(scale), np.float32(zero_point), np.float32(qmin), np.float32(qmax))
 
 
+@_interruptible
 def fake_quantize(x: Any, scale: float, zero_point: float, qmin: int, qmax: int) -> np.ndarray:
     """``(clip(rint(x / scale) + zp, qmin, qmax) - zp) * scale`` in float32, as ONNX Runtime's
     QuantizeLinear followed by DequantizeLinear computes it (round half to even)."""
@@ -718,6 +753,7 @@ def _channel_view(x: np.ndarray, axis: int, scales: Any, zps: Any) -> tuple[Any,
     return np.ascontiguousarray(x, dtype=np.float32).reshape(outer, channels, -1), s, z
 
 
+@_interruptible
 def fake_quantize_per_channel(
     x: Any, scales: Any, zps: Any, axis: int, qmin: int, qmax: int
 ) -> np.ndarray:
@@ -796,6 +832,7 @@ def _pair(ref: Any, test: Any) -> tuple[np.ndarray, np.ndarray]:
     return r, t
 
 
+@_interruptible
 def error_stats(ref: Any, test: Any) -> tuple[float, float, float, float]:
     """(MSE, SQNR in dB, cosine similarity, max abs error) of ``test`` against ``ref``."""
     r, t = _pair(ref, test)

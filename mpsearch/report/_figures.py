@@ -18,6 +18,7 @@ from mpsearch.report._page import axis as _axis
 from mpsearch.report._page import layout as _layout
 from mpsearch.report._page import node_axis as _node_axis
 from mpsearch.report._page import rounded as _r
+from mpsearch.rundir import versus_fp32
 
 __all__ = ["figure_curve", "figure_distribution", "figure_flops", "figure_front",
            "figure_op_types", "figure_reverse", "figure_sensitivity"]
@@ -341,7 +342,7 @@ def _latency_marker(latencies: Sequence[float | None], label: str) -> dict[str, 
     marker: dict[str, Any] = {"size": 11, "line": {"color": "#333333", "width": 1}}
     if latencies and all(v is not None for v in latencies):
         marker.update(color=[_r(v) for v in latencies], colorscale="Viridis", showscale=True,
-                      colorbar={"title": {"text": f"{label}<br>(× FP32)"}})
+                      colorbar={"title": {"text": f"{label}<br>(× FP32,<br>below 1: faster)"}})
     else:
         marker["color"] = "#1f77b4"
     return marker
@@ -360,22 +361,21 @@ def _interval_bars(points: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None
 
 def _interval_text(point: Mapping[str, Any]) -> str:
     interval = point.get("interval")
-    text = f"95 % interval [{_r(interval[0])}, {_r(interval[1])}]" if interval else ""
-    if point.get("dominated"):
-        text += ("<br>" if text else "") + "<b>dominated</b> after the held-out re-measure"
-    return text
+    return f"95 % interval [{_r(interval[0])}, {_r(interval[1])}]" if interval else ""
 
 
 def figure_front(front: Mapping[str, Any], trials: Sequence[Mapping[str, Any]]) -> Figure:
-    """Metric vs size of every trial (faint) and the Pareto front (color = latency), each
-    front point with its held-out 95 % interval as an error bar; points that another point
-    dominates after the re-measure are hollow.
+    """Metric vs size of every trial (faint) and the shown Pareto front (color = latency),
+    each front point with its held-out 95 % interval as an error bar; the points a baseline or
+    another point beats after the re-measure are left out (``shown`` false), the recommended
+    one is a star.
 
     Trace 1 (``uid`` ``front``) carries the point index in ``customdata``; the report's script
     selects a point on click. The last trace (``uid`` ``selected``) rings the selected point.
     """
     metric = esc(front.get("metric", "metric"))
-    points = [p for p in front.get("points", ()) if p.get("metric") is not None]
+    points = [p for p in front.get("points", ())
+              if p.get("metric") is not None and p.get("shown", True)]
     refs = {"FP32": front.get("fp32") or {}, **{k.upper(): v for k, v in
                                                 (front.get("uniform") or {}).items()}}
     sizes = [p.get("size") or 0 for p in points] + [t.get("size") or 0 for t in trials]
@@ -384,7 +384,8 @@ def figure_front(front: Mapping[str, Any], trials: Sequence[Mapping[str, Any]]) 
     done = [t for t in trials if t.get("metric") is not None and t.get("size") is not None]
     label = latency_label(front)
     marker = _latency_marker([p.get("latency") for p in points], label)
-    marker["symbol"] = ["circle-open" if p.get("dominated") else "circle" for p in points]
+    marker["symbol"] = ["star" if p.get("index") == front.get("recommended") else "circle"
+                        for p in points]
     known = "colorbar" in marker
     data: list[dict[str, Any]] = [
         {"type": "scatter", "mode": "markers", "name": "all trials", "uid": "trials",
@@ -396,13 +397,13 @@ def figure_front(front: Mapping[str, Any], trials: Sequence[Mapping[str, Any]]) 
                           f"%{{x}} {unit}, {metric} %{{y}}<extra></extra>"},
         {"type": "scatter", "mode": "markers", "name": "Pareto front (held-out)", "uid": "front",
          "x": [_r(p["size"] / scale) for p in points], "y": [_r(p["metric"]) for p in points],
-         "customdata": [[p.get("index"), _r(p.get("latency"), 3), _interval_text(p)]
+         "customdata": [[p.get("index"), versus_fp32(p.get("latency")), _interval_text(p)]
                         for p in points],
          "marker": marker,
          "hovertext": [_assignment_hover(p) for p in points],
          "hovertemplate": f"%{{hovertext}}<br>{metric} %{{y}}, %{{x}} {unit}"
                           + "<br>%{customdata[2]}"
-                          + (f"<br>{label} %{{customdata[1]}}× FP32" if known else "")
+                          + (f"<br>{label}: %{{customdata[1]}}" if known else "")
                           + "<br><i>click to select</i><extra></extra>"},
     ]
     bars = _interval_bars(points)

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mpsearch.report._target import target_html
+from mpsearch.rundir import versus_fp32
 
 __all__ = ["CLASS_COLORS", "MAX_BINS", "axis", "esc", "format_color", "layout", "node_axis",
            "rebin", "render_page", "rounded", "size_unit"]
@@ -173,8 +174,8 @@ function select(k) {
   Plotly.restyle(gd, {x: [j < 0 ? [] : [t.x[j]]], y: [j < 0 ? [] : [t.y[j]]]},
                  [uids.indexOf("selected")]);
   $("point-summary").textContent = "Point " + k + ": " + F.metric + " " + num(p.metric, 4) +
-    ", size " + size(p.size) + ", " + F.latency_label + " " + num(p.latency, 2) +
-    "\u00d7 FP32; " +
+    ", size " + size(p.size) + ", " + F.latency_label + " " + p.speed +
+    (k === F.recommended ? " (recommended)" : "") + "; " +
     Object.keys(p.counts).map(function (f) { return f + " " + p.counts[f]; }).join(", ");
   $("point-command").textContent =
     "mpsearch export " + F.run_dir + " --point " + k + " --out model.onnx";
@@ -333,41 +334,73 @@ def _interval_cell(interval: Any) -> str:
     return "n/a" if not interval else f"[{_num(interval[0])}, {_num(interval[1])}]"
 
 
+def _ms_cell(value: Any, interval: Any) -> str:
+    """A median in ms with the spread of its runs: "0.175 [0.171, 0.182]"."""
+    if value is None:
+        return "n/a"
+    return _num(value) + ("" if not interval else f" [{_num(interval[0])}, {_num(interval[1])}]")
+
+
+def _front_rows(front: Mapping[str, Any], points: Sequence[Mapping[str, Any]],
+                measured: bool, baselines: bool = True) -> list[list[str]]:
+    named = [("FP32", front.get("fp32") or {}),
+             *((f.upper(), b) for f, b in (front.get("uniform") or {}).items())]
+    rows = []
+    for name, p in [*(named if baselines else []), *((str(p["index"]), p) for p in points)]:
+        speed = "-" if name == "FP32" else versus_fp32(p.get("latency"))
+        row = [name, _num(p.get("metric")), _interval_cell(p.get("interval")),
+               f'{p.get("size") or 0:,}', speed]
+        if measured:
+            row += ["-" if name == "FP32" else versus_fp32(p.get("latency_estimate")),
+                    _ms_cell(p.get("latency_ms"), p.get("latency_ms_interval")),
+                    _ms_cell(p.get("batch_latency_ms"), p.get("batch_latency_ms_interval"))]
+        status = ("baseline" if "index" not in p else
+                  f"beaten by {p.get('beaten_by')}" if not p.get("shown", True) else
+                  "front, recommended" if p.get("index") == front.get("recommended")
+                  else "front")
+        rows.append([*row, status])
+    return rows
+
+
 def _front_table(front: Mapping[str, Any]) -> str:
-    """The baselines and every front point of ``front.json``: held-out metric, 95 % interval,
-    latency (measured beside estimated where this host ran the target) and whether a point is
-    dominated."""
+    """The recommendation, the baselines and the shown front points of ``front.json``:
+    held-out metric, 95 % interval, latency in words and ms with its interval (measured where
+    this host ran the target, the estimate beside it); the points a baseline or another point
+    beats, folded away with the reason."""
     measured = front.get("latency_source") == "measured"
-    head = ["point", f"{front.get('metric', 'metric')} (held-out)", "95 % interval", "bytes"]
+    head = ["point", f"{front.get('metric', 'metric')} (held-out)", "95 % interval", "bytes",
+            "latency"]
     if measured:
         batch = front.get("latency_batch")
-        head += ["measured latency (× FP32)", "est. latency (× FP32)", "ms, batch 1",
-                 f"ms, batch {batch}"]
-    else:
-        head += ["est. latency (× FP32)"]
-    rows = []
-    for name, p in [("FP32", front.get("fp32") or {}),
-                    *((f.upper(), b) for f, b in (front.get("uniform") or {}).items()),
-                    *((str(p["index"]), p) for p in front.get("points", ()))]:
-        row = [name, _num(p.get("metric")), _interval_cell(p.get("interval")),
-               f'{p.get("size") or 0:,}', _num(p.get("latency"))]
-        if measured:
-            row += [_num(p.get("latency_estimate")), _num(p.get("latency_ms")),
-                    _num(p.get("batch_latency_ms"))]
-        status = "baseline" if "index" not in p else (
-            "dominated" if p.get("dominated") else "front")
-        rows.append([*row, status])
-    timing = ("Latency is the median of ONNX Runtime runs of each built model on this machine "
-              "(batch 1 and the spec's batch), relative to FP32's; the profile's estimate "
-              "stands beside it. " if measured else
+        head += ["est. latency", "ms, batch 1 [fastest, slowest]",
+                 f"ms, batch {batch} [fastest, slowest]"]
+    points = front.get("points", ())
+    shown = [p for p in points if p.get("shown", True)]
+    hidden = [p for p in points if not p.get("shown", True)]
+    timing = ("Latency is the median of interleaved ONNX Runtime runs of every built model on "
+              "this machine (batch 1 and the spec's batch), with the fastest and the "
+              "slowest run; the words compare it with FP32's; the profile's estimate stands "
+              "beside it. " if measured else
               "Latency is the profile's estimate (relative costs x MACs), not a measurement. ")
+    recommendation = front.get("recommendation")
+    lead = ("" if not recommendation else
+            f'<p id="recommendation"><b>{esc(recommendation)}</b></p>')
     note = ('<p class="muted">Held-out metric with its 95 % interval (Wilson for accuracy, top5 '
-            "and agreement; bootstrap over samples otherwise). " + timing + "A point is "
-            "<i>dominated</i> when another point is at least as good on every objective after "
-            "the held-out re-measure (hollow in the chart)." + (
-                f" The search ended early: {esc(front['stopped'])}." if front.get("stopped")
-                else "") + "</p>")
-    return note + _table([*head, "status"], rows, scroll=True)
+            "and agreement; bootstrap over samples otherwise). " + timing + "The uniform "
+            "baselines are candidates of the front: a searched point is not shown when a "
+            "baseline or another point is at least as good on every objective after the "
+            "held-out re-measure and better on one (sizes within 0.1 % tie).</p>")
+    out = lead + note + _table([*head, "status"], _front_rows(front, shown, measured),
+                               scroll=True)
+    if hidden:
+        on = "size and latency" if "latency" in (front.get("objectives") or ()) else "size"
+        why = ", ".join(f"point {p['index']} by {p.get('beaten_by')}" for p in hidden)
+        out += (f'<details id="hidden-points"><summary>{len(hidden)} of {len(points)} searched '
+                f"points hidden: beaten on held-out {esc(front.get('metric', 'metric'))}, "
+                f"{on} ({esc(why)})</summary>"
+                + _table([*head, "status"], _front_rows(front, hidden, measured, False),
+                         scroll=True) + "</details>")
+    return out
 
 
 def _front_html(charts: Mapping[str, Any], front: Mapping[str, Any] | None,
@@ -376,7 +409,9 @@ def _front_html(charts: Mapping[str, Any], front: Mapping[str, Any] | None,
         return _not_run("Search", "front.json", "Run `mpsearch search` to get a Pareto front.")
     options = "".join(
         f'<option value="{p["index"]}">point {p["index"]}: {esc(front["metric"])} '
-        f'{_num(p["metric"])}, {p["size"] or 0:,} bytes</option>' for p in front["points"])
+        f'{_num(p["metric"])}, {p["size"] or 0:,} bytes'
+        f'{" (recommended)" if p["index"] == front.get("recommended") else ""}</option>'
+        for p in front["points"])
     return (f'{_chart("chart-front", charts)}{_front_table(front_json)}'
             '<h3 id="point">Selected point</h3>'
             '<p class="muted">Click a point of the front, or pick one: '

@@ -25,7 +25,7 @@ from mpsearch._io import atomic_write
 from mpsearch.errors import MpsearchError
 from mpsearch.report import _figures as figs
 from mpsearch.report._page import CLASS_COLORS, format_color, render_page
-from mpsearch.rundir import RunDir
+from mpsearch.rundir import RunDir, versus_fp32
 
 __all__ = ["MAX_DISTRIBUTION_NODES", "RunFiles", "load_run", "render_report", "write_report"]
 
@@ -201,29 +201,35 @@ def _front_data(files: RunFiles, run_dir: str) -> dict[str, Any] | None:
         return None
     summary = files.get("summary.json") or {}
     ops = {str(n["name"]): str(n.get("op_type", "")) for n in summary.get("nodes", ())}
-    points = list(front["points"])
-    nodes = list(ops) or sorted({n for p in points for n in p.get("assignment", {})})
+    everything = list(front["points"])
+    points = [p for p in everything if p.get("shown", True)]  # a beaten point: the record only
+    nodes = list(ops) or sorted({n for p in everything for n in p.get("assignment", {})})
     classes: dict[str, str] = {}  # a node's worst class over the formats analyzed
     for row in _rows(files.get("sensitivity.json"), "nodes"):
         if row.get("cls") in CLASS_COLORS and row.get("node") in ops:
             classes[row["node"]] = max(classes.get(row["node"], "low"), row["cls"],
                                        key=list(CLASS_COLORS).index)
-    formats = _formats_by_rank(files, [f for p in points for f in p.get("assignment",
-                                                                          {}).values()])
+    formats = _formats_by_rank(files, [f for p in everything for f in p.get("assignment",
+                                                                              {}).values()])
     sign = 1 if front.get("higher_is_better", True) else -1
     scored = [p for p in points if p.get("metric") is not None] or points
-    best = max(scored, key=lambda p: (sign * (p.get("metric") or 0), -(p.get("size") or 0)))
+    best = max(scored, key=lambda p: (sign * (p.get("metric") or 0), -(p.get("size") or 0)),
+               default=None)
+    shown = {p.get("index") for p in points}
+    default = (front.get("recommended") if front.get("recommended") in shown
+               else None if best is None else best.get("index", 0))
     return {
         "nodes": [[n, ops.get(n, ""), classes.get(n, "")] for n in nodes],
         "formats": formats, "colors": [format_color(f) for f in formats],
         "points": [{"index": p.get("index", i), "metric": p.get("metric"),
                     "size": p.get("size"), "latency": p.get("latency"),
                     "interval": p.get("interval"), "dominated": bool(p.get("dominated")),
-                    "counts": p.get("counts", {}),
+                    "speed": versus_fp32(p.get("latency")), "counts": p.get("counts", {}),
                     "formats": [formats.index(p["assignment"][n])
                                 if n in p.get("assignment", {}) else -1 for n in nodes]}
                    for i, p in enumerate(points)],
-        "default": best.get("index", 0), "run_dir": shlex.quote(run_dir),
+        "default": default, "recommended": front.get("recommended"),
+        "run_dir": shlex.quote(run_dir),
         "latency_label": figs.latency_label(front),
         "metric": _metric_name(files),
     }

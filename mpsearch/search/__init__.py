@@ -23,7 +23,6 @@ from mpsearch.search._storage import (
     study_progress,
 )
 from mpsearch.search._study import (
-    SIZE_TIE,
     SearchResult,
     TrialRecord,
     race_stages,
@@ -34,7 +33,6 @@ __all__ = [
     "Group",
     "MEASURE_ABOVE",
     "SAMPLERS",
-    "SIZE_TIE",
     "SearchResult",
     "Seed",
     "TrialRecord",

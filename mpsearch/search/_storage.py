@@ -9,14 +9,16 @@ trial RUNNING (failed and queued again). The only other module that imports optu
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import optuna
-from optuna.storages import JournalStorage, RDBStorage
+from optuna.storages import JournalStorage, RDBStorage, RetryFailedTrialCallback
 from optuna.storages.journal import JournalFileBackend
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
@@ -25,11 +27,12 @@ from mpsearch.rundir import RunDir
 from mpsearch.spec import SearchSpec
 
 __all__ = ["SAMPLERS", "check_inputs", "check_resume", "make_sampler", "open_study",
-           "study_progress"]
+           "settle_dead_trials", "study_progress"]
 
 logger = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 _SCHEMA_ATTEMPTS = 5  # first use of an empty database by several workers at once
+_RETRIES = 2  # times a dead worker's trial is queued again
 
 
 def _tpe(seed: int, trials: int) -> optuna.samplers.BaseSampler:
@@ -59,9 +62,70 @@ def make_sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampl
     return SAMPLERS[name](seed, trials)
 
 
+#: How every Optuna journal record starts (compact JSON of a dict built with ``op_code`` first).
+_RECORD_START = b'{"op_code":'
+_MAX_RECORD = 64 << 20  # bytes of one journal line, at most
+
+
+def _check_journal(path: Path) -> None:
+    """SearchError unless the existing file ``path`` is an Optuna journal: a regular file,
+    empty or every complete line a journal record, the last one possibly torn (the start of
+    a record, dropped on open).
+    Checked before Optuna opens it for appending, so a spec naming any other file (``storage:
+    ~/notes.txt``) never has journal records appended to it."""
+    fix = "remove that line to use the journal (the records around it stay) or start a new one"
+    if not path.is_file():
+        raise SearchError(f"{path}: the storage is not a regular file; give a journal file "
+                          "path or a database URL")
+    try:
+        with path.open("rb") as f:
+            for number, line in enumerate(iter(lambda: f.readline(_MAX_RECORD + 1), b""), 1):
+                if len(line) > _MAX_RECORD:
+                    raise SearchError(f"{path}:{number}: a line over {_MAX_RECORD >> 20} MiB "
+                                      f"is not an Optuna journal record; {fix}")
+                torn = not line.endswith(b"\n")  # a record cut short by a kill, or not one
+                if torn and (line.startswith(_RECORD_START) or _RECORD_START.startswith(line)):
+                    break
+                if (torn or not _is_record(line)) and number == 1:
+                    raise SearchError(f"{path}: not an Optuna journal (its first line is not a "
+                                      "journal record), so the search will not append to it; "
+                                      "give a new file or a database URL as storage")
+                if torn or not _is_record(line):
+                    raise SearchError(f"{path}:{number}: not an Optuna journal record (a torn "
+                                      f"or foreign line); {fix}")
+    except OSError as e:
+        raise SearchError(f"{path}: cannot read the journal ({e.strerror}); check the path "
+                          "and its permissions") from e
+
+
+def _is_record(line: bytes) -> bool:
+    if not line.startswith(_RECORD_START):
+        return False
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    return (isinstance(record, dict) and type(record.get("op_code")) is int
+            and isinstance(record.get("worker_id"), str))
+
+
+def _journal_path(url: str, run_dir: Path) -> Path:
+    """The journal file a spec's ``storage:`` path names: inside the run directory, a new
+    file, or an existing Optuna journal (checked); anything else is refused."""
+    path = Path(url).expanduser()
+    if path.exists() or path.is_symlink():
+        _check_journal(path)
+    elif not path.parent.is_dir():
+        raise SearchError(f"storage {url}: the folder {path.parent} does not exist; create it "
+                          "or give a path inside the run directory")
+    return path
+
+
 def _journal(path: Path) -> optuna.storages.BaseStorage:
-    """A journal file, its torn last line (a write cut by a kill or a full disk) dropped first,
-    so the next record does not land glued to it."""
+    """A journal file (checked by :func:`_check_journal`), its torn last line (a write cut by
+    a kill or a full disk) dropped first, so the next record does not land glued to it."""
+    if path.exists() or path.is_symlink():
+        _check_journal(path)
     if path.is_file() and path.stat().st_size:
         with path.open("rb+") as f:
             f.seek(-1, os.SEEK_END)
@@ -75,18 +139,37 @@ def _journal(path: Path) -> optuna.storages.BaseStorage:
     return JournalStorage(JournalFileBackend(str(path)))
 
 
-def _storage(url: str | None, run_dir: Path) -> optuna.storages.BaseStorage:
+def _rdb(url: str, heartbeat: float) -> RDBStorage:
+    """A database storage with heartbeats and the retry of a dead worker's trial."""
+    interval, grace = max(1, round(heartbeat)), max(2, round(2 * heartbeat))
+    with warnings.catch_warnings():  # Optuna marks heartbeats and their callbacks experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        stale = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
+        if stale is not None:  # Optuna >= 4.9 (RetryFailedTrialCallback is deprecated there)
+            return RDBStorage(url, heartbeat_interval=interval, grace_period=grace,
+                              heartbeat_stale_trial_callback=stale(
+                                  max_retry=_RETRIES, inherit_intermediate_values=True))
+        return RDBStorage(url, heartbeat_interval=interval, grace_period=grace,
+                          failed_trial_callback=RetryFailedTrialCallback(
+                              max_retry=_RETRIES, inherit_intermediate_values=True))
+
+
+def _storage(url: str | None, run_dir: Path, heartbeat: float = 60.0
+             ) -> optuna.storages.BaseStorage:
     if url is None:
         run_dir.mkdir(parents=True, exist_ok=True)
         return _journal(RunDir(run_dir).journal)
     if "://" not in url:  # a journal file path
-        return _journal(Path(url))
+        return _journal(_journal_path(url, run_dir))
     if url.startswith(("postgresql://", "postgres://")):  # the driver mpsearch[postgres] installs
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
     race: Exception | None = None
     for attempt in range(_SCHEMA_ATTEMPTS):
         try:
-            return RDBStorage(url, heartbeat_interval=60, grace_period=120)
+            # Each worker beats every `heartbeat` seconds while it runs a trial (Optuna does
+            # under optimize()); a trial silent for twice that (its worker killed) is failed by
+            # the next worker to start a trial and queued again (up to twice) as it was.
+            return _rdb(url, heartbeat)
         except (IntegrityError, ProgrammingError) as e:
             # Workers started together on an empty database all create Optuna's tables; the
             # losers fail (optuna#1092) and find the tables made on the next attempt.
@@ -115,7 +198,8 @@ def open_study(
     check_resume(spec, run_dir, inputs, resume)
     sampler = make_sampler(spec.sampler, spec.seed, spec.trials)
     study = optuna.create_study(study_name=spec.study or "mpsearch",
-                                storage=_storage(spec.storage, run_dir), sampler=sampler,
+                                storage=_storage(spec.storage, run_dir, spec.heartbeat_s),
+                                sampler=sampler,
                                 directions=[optuna.study.StudyDirection[d.upper()]
                                             for d in directions], load_if_exists=True)
     if inputs is not None and "inputs" not in study.user_attrs:
@@ -129,9 +213,13 @@ def _existing(spec: SearchSpec, run_dir: Path) -> optuna.Study | None:
     """The spec's study when it exists already (in the run directory or a shared storage)."""
     if spec.storage is None and not RunDir(run_dir).journal.is_file():
         return None
+    if spec.storage is not None and "://" not in spec.storage and not (
+            Path(spec.storage).expanduser().exists()):
+        _journal_path(spec.storage, run_dir)  # its folder exists; the file is made later
+        return None
     try:
         return optuna.load_study(study_name=spec.study or "mpsearch",
-                                 storage=_storage(spec.storage, run_dir))
+                                 storage=_storage(spec.storage, run_dir, spec.heartbeat_s))
     except KeyError:  # no such study (yet: another worker may be creating it)
         return None
 
@@ -169,6 +257,29 @@ def _retry_interrupted(study: optuna.Study) -> None:
         study.enqueue_trial(dict(trial.params), user_attrs={
             "source": f"retry of interrupted trial {trial.number}"})
         logger.info("trial %d was interrupted; queued again", trial.number)
+
+
+def settle_dead_trials(study: optuna.Study) -> int:
+    """After this worker's last trial, on a database with heartbeats: wait (at most twice the
+    heartbeat and one more beat) until the trials other workers left RUNNING have finished or
+    gone stale; stale ones (their worker died) are failed and queued again. Returns how many
+    such retries wait to run, so the last worker standing runs them and no trial stays
+    RUNNING forever."""
+    storage = study._storage
+    interval = storage.get_heartbeat_interval() if isinstance(storage, RDBStorage) else None
+    if interval is None:
+        return 0
+    deadline = time.monotonic() + float(getattr(storage, "grace_period", 2 * interval)) + interval
+    running = (optuna.trial.TrialState.RUNNING,)
+    while True:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        if not study.get_trials(deepcopy=False, states=running) or time.monotonic() > deadline:
+            break
+        time.sleep(interval)
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    return sum("failed_trial" in t.system_attrs for t in waiting)
 
 
 def study_progress(

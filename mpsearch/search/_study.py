@@ -40,15 +40,11 @@ from pathlib import Path
 import numpy as np
 import optuna
 
-from mpsearch.analysis import (
-    Measurement,
-    Measurer,
-    dominated_flags,
-    wilson_interval,
-)
+from mpsearch.analysis import Measurement, Measurer, wilson_interval
 from mpsearch.assignment import Assignment, estimate_latency, make_assignment, model_size
 from mpsearch.errors import SearchError
 from mpsearch.evaluate import is_proportion
+from mpsearch.pareto import Point, dominated_flags, matched, thin
 from mpsearch.profiles import measures_latency
 from mpsearch.progress import Progress, Reporter
 from mpsearch.search._seeds import (
@@ -60,7 +56,7 @@ from mpsearch.search._seeds import (
     neighbor,
     seed_assignments,
 )
-from mpsearch.search._storage import open_study
+from mpsearch.search._storage import open_study, settle_dead_trials
 from mpsearch.spec import SearchSpec
 from mpsearch.summary import ModelSummary
 
@@ -272,7 +268,9 @@ class _Objective:
     def _hopeless(self, partial: Measurement, assignment: Assignment) -> bool:
         """True when a finished trial at no larger size beats this one by a clear margin: its
         metric beats the optimistic end of this one's interval at three standard errors
-        (Wilson's for accuracy-like metrics, k of n samples; else a proportion's widest)."""
+        (Wilson's for accuracy-like metrics, k of n samples; else a proportion's widest). A
+        strict beat on the metric, not dominance: an equal count must race on, since the
+        score's SQNR tie-break may still rank it above the smaller trial."""
         metric, samples = partial.value, partial.samples
         if is_proportion(partial.primary) and self.higher:
             optimistic = wilson_interval(round(metric * samples), samples, z=3.0)[1]
@@ -282,7 +280,7 @@ class _Objective:
         size = model_size(self.graph, self.profile, assignment)
         if self.min_metric is not None and self._worse(optimistic, self.min_metric):
             return True
-        if self.by_sqnr:  # dominated in SQNR by more than its slack at this sample count
+        if self.by_sqnr:  # beaten in SQNR by more than its slack at this sample count
             best = self.score(partial) + self.sqnr_slack(samples)
             return any(values[1] <= size and values[0] > best for values in self.cache.values())
         for key, values in self.cache.items():
@@ -315,21 +313,10 @@ FRONT_POINTS = 12
 
 
 def thin_front(front: Sequence[TrialRecord], limit: int) -> tuple[TrialRecord, ...]:
-    """At most ``limit`` (>= 2) of ``front`` (sorted by size): the smallest and the largest
-    point, and between them the points nearest to evenly spaced marks along the front's
-    length in (log size, metric), each axis scaled to [0, 1]."""
-    if len(front) <= limit:
-        return tuple(front)
-    xs = np.log([max(r.size, 1) for r in front])
-    ys = np.array([r.metric or 0.0 for r in front])
-    span = [max(float(v.max() - v.min()), 1e-12) for v in (xs, ys)]
-    steps = np.hypot(np.diff(xs) / span[0], np.diff(ys) / span[1])
-    length = np.concatenate([[0.0], np.cumsum(steps)])
-    chosen: list[int] = []
-    for mark in np.linspace(0.0, length[-1], limit):
-        order = np.argsort(np.abs(length - mark), kind="stable")
-        chosen.append(next((int(i) for i in order if int(i) not in chosen), int(order[0])))
-    return tuple(front[i] for i in sorted(set(chosen)))
+    """At most ``limit`` (>= 2) of ``front`` (sorted by size), spread along it
+    (:func:`mpsearch.pareto.thin`)."""
+    chosen = thin([r.size for r in front], [r.metric or 0.0 for r in front], limit)
+    return tuple(front[i] for i in chosen)
 
 
 def search_by_sqnr(spec: SearchSpec, measurer: Measurer) -> bool:
@@ -423,6 +410,9 @@ def run_search(
             callbacks.append(_progress_callback(spec.trials, objective, progress))
         study.optimize(objective, n_trials=remaining, timeout=spec.timeout_s,
                        gc_after_trial=False, callbacks=callbacks, catch=())
+        retries = settle_dead_trials(study)  # a dead worker's trial, failed and queued again
+        if retries:
+            study.optimize(objective, n_trials=retries, gc_after_trial=False, catch=())
     records = _records(study)
     stopped = None
     unmoved = _unmoved_trials(study)
@@ -479,30 +469,28 @@ def _explore_callback(
 FRONT_CHANGED = "front_changed"
 #: What moves the front, for the patience stop: a configuration no earlier one matches within
 #: these margins. SQNR: 0.5 dB (the search and held-out splits of MobileNetV2 disagreed by up to
-#: 0.3 dB on the same configurations); a k-of-n metric: one sample; size and latency: 0.5 %.
+#: 0.3 dB on the same configurations); a k-of-n metric: one sample; size: 0.5 %.
 FRONT_MARGIN_DB = 0.5
 FRONT_MARGIN_RELATIVE = 0.005
+#: The latency margin of the patience stop: a trial's batch-1 time varies by more than 0.5 %
+#: from run to run (load, frequency scaling), so only a trial 10 % faster than every match
+#: moves the front.
+FRONT_MARGIN_LATENCY = 0.10
 
 
 def _patience_callback(patience: int, margin: float, score_higher: bool
                        ) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     """Stop the search once ``patience`` finished trials in a row, counted from the last seed,
     found nothing an earlier trial did not already match within ``margin`` on the objective
-    value (and :data:`FRONT_MARGIN_RELATIVE` on size and latency): the front stopped moving.
+    value, :data:`FRONT_MARGIN_RELATIVE` on size and :data:`FRONT_MARGIN_LATENCY` on latency:
+    the front stopped moving.
     Kept in the study's attributes, so a resumed search counts on where it stopped."""
-    sign = 1.0 if score_higher else -1.0
-
-    def matched(trial: optuna.trial.FrozenTrial, other: optuna.trial.FrozenTrial) -> bool:
-        score, *costs = trial.values
-        other_score, *other_costs = other.values
-        return sign * (other_score - score) >= -margin and all(
-            b <= a * (1 + FRONT_MARGIN_RELATIVE)
-            for a, b in zip(costs, other_costs, strict=True) if a == a and b == b)  # not NaN
-
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         earlier = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if trial.state == optuna.trial.TrialState.COMPLETE and not any(
-                other.number != trial.number and matched(trial, other) for other in earlier):
+        others = [_point(other) for other in earlier if other.number != trial.number]
+        if trial.state == optuna.trial.TrialState.COMPLETE and not matched(
+                _point(trial), others, higher_is_better=score_higher, metric_margin=margin,
+                relative=FRONT_MARGIN_RELATIVE, latency_relative=FRONT_MARGIN_LATENCY):
             study.set_user_attr(FRONT_CHANGED, trial.number)
         elif _unmoved_trials(study) >= patience:
             study.stop()
@@ -519,14 +507,21 @@ def _unmoved_trials(study: optuna.Study) -> int:
 
 
 def _best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """The study's Pareto-optimal complete trials (objective value, size[, latency]), by the
-    held-out front's dominance rule: :attr:`optuna.Study.best_trials` without its deep copy of
-    every trial (which cost more than the sampler itself after each trial)."""
+    """The study's Pareto-optimal complete trials (objective value, size[, latency]) by
+    :mod:`mpsearch.pareto`'s rule, the final front's: :attr:`optuna.Study.best_trials` without
+    its deep copy of every trial (which cost more than the sampler itself after each trial)."""
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     flags = dominated_flags(
-        [(t.values[0], t.values[1], t.values[2] if len(t.values) > 2 else None) for t in trials],
+        [_point(t) for t in trials],
         higher_is_better=study.directions[0] == optuna.study.StudyDirection.MAXIMIZE)
     return [t for t, dominated in zip(trials, flags, strict=True) if not dominated]
+
+
+def _point(trial: optuna.trial.FrozenTrial) -> Point:
+    """(objective value, size, latency or None) of a complete trial."""
+    values = trial.values
+    latency = values[2] if len(values) > 2 and values[2] == values[2] else None
+    return (values[0], values[1], latency)
 
 
 def _finished(study: optuna.Study) -> int:
@@ -580,38 +575,26 @@ def _records(study: optuna.Study) -> tuple[TrialRecord, ...]:
     return tuple(records)
 
 
-#: Sizes within this fraction of each other count as equal on the front: a few bytes of 16-bit
-#: zero points must not keep a less accurate configuration of the same size beside a better one.
-SIZE_TIE = 1e-3
-
-
 def _front(records: Sequence[TrialRecord], min_metric: float | None, higher: bool,
            score_higher: bool | None = None) -> tuple[TrialRecord, ...]:
-    """Feasible non-dominated records (objective value vs size vs latency; sizes within
-    :data:`SIZE_TIE` tie), one per objective vector; the metric (``higher`` is better or not)
-    decides feasibility, the objective value (``score_higher``, default ``higher``)
+    """Feasible non-dominated records (objective value vs size vs latency, by
+    :mod:`mpsearch.pareto`'s rule), one per objective vector; the metric (``higher`` is better
+    or not) decides feasibility, the objective value (``score_higher``, default ``higher``)
     dominance."""
     sign = 1.0 if higher else -1.0
-    score_sign = sign if score_higher is None else (1.0 if score_higher else -1.0)
+    score_higher = higher if score_higher is None else score_higher
     done = [r for r in records if r.metric is not None]
     if min_metric is not None:
         done = [r for r in done if sign * (r.metric or 0.0) >= sign * min_metric]
 
     def value(record: TrialRecord) -> float:
-        if record.score is not None:
-            return score_sign * record.score
-        return sign * (record.metric or 0.0)
-
-    def dominates(a: TrialRecord, b: TrialRecord) -> bool:
-        la = a.latency if a.latency is not None else 0.0
-        lb = b.latency if b.latency is not None else 0.0
-        ma, mb = value(a), value(b)
-        no_worse = ma >= mb and a.size <= b.size * (1 + SIZE_TIE) and la <= lb
-        better = ma > mb or a.size * (1 + SIZE_TIE) < b.size or la < lb
-        return no_worse and better
+        return record.score if record.score is not None else (record.metric or 0.0)
 
     unique: dict[tuple[float, int, float | None], TrialRecord] = {}
     for record in done:  # one point per objective vector (the first trial that reached it)
         unique.setdefault((value(record), record.size, record.latency), record)
-    front = [r for r in unique.values() if not any(dominates(o, r) for o in unique.values())]
+    kept = list(unique.values())
+    flags = dominated_flags([(value(r), float(r.size), r.latency) for r in kept],
+                            higher_is_better=score_higher)
+    front = [r for r, dominated in zip(kept, flags, strict=True) if not dominated]
     return tuple(sorted(front, key=lambda r: (r.size, -sign * (r.metric or 0.0))))

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from mpsearch.pareto import nondominated
 from mpsearch.progress import read_last
 from mpsearch.rundir import RunDir
 
@@ -71,13 +72,12 @@ def read_journal(path: Path) -> tuple[list[tuple[float, float]], int]:
 
 
 def pareto(points: Sequence[tuple[float, float]], higher: bool) -> list[tuple[float, float]]:
-    """Non-dominated (metric, size) points (better metric, smaller size), sorted by size."""
+    """Non-dominated (metric, size) points by :mod:`mpsearch.pareto`'s rule (sizes within
+    0.1 % tie), one per distinct point, sorted by size."""
     sign = 1.0 if higher else -1.0
-    front: list[tuple[float, float]] = []
-    for metric, size in sorted(set(points), key=lambda p: (p[1], -sign * p[0])):
-        if not front or sign * metric > sign * front[-1][0]:
-            front.append((metric, size))
-    return front
+    unique = sorted(set(points), key=lambda p: (p[1], -sign * p[0]))
+    kept = nondominated([(m, s, None) for m, s in unique], higher_is_better=higher)
+    return [unique[i] for i in kept]
 
 
 def _bar(record: dict[str, Any] | None) -> dict[str, Any] | None:

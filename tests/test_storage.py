@@ -1,0 +1,94 @@
+"""``storage:`` touches only what the run owns: a new journal file, an existing Optuna journal
+(every complete line a record) or a database; never any other file."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import optuna
+import pytest
+
+from mpsearch.errors import SearchError
+from mpsearch.search._storage import _storage
+
+
+def _journal_with_a_trial(path: Path) -> None:
+    storage = _storage(str(path), path.parent / "run")
+    study = optuna.create_study(study_name="s", storage=storage)
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_new_journal_file_outside_the_run_is_created(tmp_path: Path) -> None:
+    path = tmp_path / "shared.journal"
+    _journal_with_a_trial(path)
+    trials = optuna.load_study(study_name="s", storage=_storage(str(path), tmp_path)).trials
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
+
+
+def test_an_existing_journal_is_appended_to(tmp_path: Path) -> None:
+    path = tmp_path / "shared.journal"
+    _journal_with_a_trial(path)
+    study = optuna.load_study(study_name="s", storage=_storage(str(path), tmp_path))
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    assert len(optuna.load_study(study_name="s", storage=_storage(str(path), tmp_path)
+                                 ).trials) == 3
+
+
+@pytest.mark.parametrize("content", [b"my notes\nline two", b"{\"a\": 1}\n", b"\x00" * 64,
+                                     b"#!/bin/sh\necho hi\n"])
+def test_a_file_that_is_not_a_journal_is_refused_untouched(content: bytes,
+                                                          tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_bytes(content)
+    with pytest.raises(SearchError, match="not an Optuna journal \\(its first line is not a "
+                                          "journal record\\)"):
+        _storage(str(path), tmp_path / "run")
+    assert path.read_bytes() == content
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # no lock file either
+
+
+def test_a_junk_line_inside_a_journal_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "shared.journal"
+    _journal_with_a_trial(path)
+    lines = path.read_bytes().split(b"\n")
+    lines.insert(3, b"junk")
+    path.write_bytes(b"\n".join(lines))
+    before = _digest(path)
+    with pytest.raises(SearchError, match=f"{path.name}:4: not an Optuna journal record"):
+        _storage(str(path), tmp_path)
+    assert _digest(path) == before
+
+
+def test_a_torn_last_record_is_dropped_before_appending(tmp_path: Path) -> None:
+    path = tmp_path / "shared.journal"
+    _journal_with_a_trial(path)
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"op_code":4,"worker_id":"w","tri')
+    study = optuna.load_study(study_name="s", storage=_storage(str(path), tmp_path))
+    assert len(study.trials) == 2
+    assert path.read_bytes() == whole
+
+
+def test_a_directory_or_device_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SearchError, match="not a regular file"):
+        _storage(str(tmp_path), tmp_path / "run")
+    with pytest.raises(SearchError, match="not a regular file"):
+        _storage("/dev/null", tmp_path / "run")
+
+
+def test_a_journal_in_a_missing_folder_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SearchError, match="the folder .* does not exist"):
+        _storage(str(tmp_path / "nowhere" / "x.journal"), tmp_path / "run")
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_an_empty_file_becomes_a_journal(tmp_path: Path) -> None:
+    path = tmp_path / "empty.journal"
+    path.write_bytes(b"")
+    _journal_with_a_trial(path)
+    assert path.read_bytes().startswith(b'{"op_code":')
