@@ -12,12 +12,13 @@ import importlib
 from mpsearch.errors import TargetError
 from mpsearch.targets._base import ACCELERATOR, CPU, Compiled, Placement, Toolchain
 
-__all__ = ["ACCELERATOR", "CPU", "TOOLCHAINS", "Compiled", "Placement", "TargetError",
-           "Toolchain", "VelaToolchain", "toolchain"]
+__all__ = ["ACCELERATOR", "CPU", "TOOLCHAINS", "Compiled", "Placement", "RknnToolchain",
+           "TargetError", "Toolchain", "VelaToolchain", "toolchain"]
 
 #: Toolchain name -> "module:class" of its adapter (imported on first use).
 TOOLCHAINS: dict[str, str] = {
     "qnn": "mpsearch.targets._qnn:QnnToolchain",
+    "rknn": "mpsearch.targets._rknn:RknnToolchain",
     "vela": "mpsearch.targets._vela:VelaToolchain",
 }
 
@@ -32,9 +33,14 @@ def toolchain(name: str) -> Toolchain:
 
 
 def __getattr__(name: str) -> object:
-    """``VelaToolchain`` on first use, so importing the package loads no vendor module."""
+    """``VelaToolchain`` / ``RknnToolchain`` on first use, so importing the package loads no
+    vendor module."""
     if name == "VelaToolchain":
         from mpsearch.targets._vela import VelaToolchain
 
         return VelaToolchain
+    if name == "RknnToolchain":
+        from mpsearch.targets._rknn import RknnToolchain
+
+        return RknnToolchain
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
