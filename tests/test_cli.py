@@ -117,8 +117,9 @@ def test_points_uniform_int8_beats_are_hidden_on_every_surface(
     """A real case: on the ResNet fixture INT8 keeps every held-out sample's FP32 class
     (agreement 1.0), while the search, scoring by output SQNR, finds larger configurations with
     less noise. After the held-out re-measure uniform INT8 is as good as those and smaller: the
-    CLI table, the report and front.json (``shown: false``, ``beaten_by: int8``) hide them and
-    say so, and the recommendation is a shown point."""
+    CLI table, the report, the web page's results and front.json (``shown: false``,
+    ``beaten_by: int8``) hide them and say so, and the recommendation is a shown point,
+    preselected on the web page."""
     import re
 
     from mpsearch.pareto import SIZE_TIE, dominates
@@ -172,3 +173,15 @@ def test_points_uniform_int8_beats_are_hidden_on_every_surface(
     visible, folded = page.split('<details id="hidden-points">')
     assert "front, recommended" in visible and "beaten by int8" not in visible
     assert all(f"point {p.index} by int8" in folded for p in beaten)
+    # the web page (the results section mpsearch serve renders from the same front.json)
+    from types import SimpleNamespace
+
+    from mpsearch.serve._results import front_section
+
+    html = front_section(SimpleNamespace(id="j1", trials=16), data, trials_done=16, files={},
+                         fp32_file=None)
+    table, hidden = html.split('<details id="hidden-points">')
+    assert re.findall(r'<tr id="row-(\d+)"', table) == [str(p.index) for p in shown]
+    assert re.findall(r'<tr id="row-(\d+)"', hidden) == [str(p.index) for p in beaten]
+    assert re.findall(r'id="point-(\d+)" checked', html) == [str(front.recommended)]
+    assert front.recommendation.split(";")[0] in html.replace("&#x27;", "'")
