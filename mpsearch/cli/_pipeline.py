@@ -65,6 +65,8 @@ def _search(args: argparse.Namespace) -> int:
           f"{run.result.seconds:.1f} s search)")
     if front.stopped:
         print(f"stopped  {front.stopped}")
+    if run.recovery is not None:
+        print(f"recovery {run.recovery.summary()}")
     print(f"FP32     {metric} {front.fp32.metric:.4f}  size {_kb(front.fp32.size)}")
     for name, point in front.uniform.items():
         print(f"uniform {name:<6} {metric} {point.metric:.4f}  size {_kb(point.size)}")
