@@ -170,7 +170,7 @@ def prepare_inputs(
     settings = RecoverySettings(cle=cle, bias_correction=bias_correction, gptq=gptq,
                                 smoothquant=smoothquant, smoothquant_alpha=smoothquant_alpha)
     search = search_split(valid, held_out, seed)[0]
-    key = _recovery_key(graph, hw, calib, search, settings, metric)
+    key = _recovery_key(graph, hw, calib, search, settings, metric) if settings.auto else {}
     decided = _cached_decision(recovery_cache, key) if settings.auto else None
     if decided is not None:  # the decision this run made before: its methods, fixed
         settings = RecoverySettings(**decided.chosen, smoothquant_alpha=smoothquant_alpha)

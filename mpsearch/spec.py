@@ -185,7 +185,10 @@ def _recovery(root: Section) -> tuple[dict[str, bool | None], float]:
     methods: dict[str, bool | None] = {}
     for method in RECOVERY_METHODS:
         given = section.data.get(method)
-        methods[method] = None if given in (None, "auto") else section.get_bool(method)
+        if given is not None and given != "auto" and not isinstance(given, bool):
+            section.fail(method, f"{section.path(method)} must be true, false or auto, got "
+                         f"{given!r}")
+        methods[method] = None if given in (None, "auto") else bool(given)
     return methods, _alpha(section)
 
 
