@@ -91,21 +91,21 @@ def compare_one(key: str, out: Path, trials: int) -> str:
 
 
 def compare(keys: list[str], out: Path, trials: int, write: bool) -> None:
+    """The comparison table, printed row by row and (``write``) rewritten after each row."""
     lines = ["| model | metric | recovery: auto decided | held-out hypervolume, auto | "
              "same, off | auto / off | auto vs off | wall (auto / off) |",
              "|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
+    command = "PYTHONPATH=benchmarks:tests python benchmarks/corpus_search.py " + " ".join(
+        sys.argv[1:])
+    target = Path(__file__).resolve().parent / "results" / "corpus_search.md"
     for key in keys:
         lines.append(compare_one(key, out / key, trials))
         print(lines[-1], flush=True)
-    if write:
-        command = "PYTHONPATH=benchmarks:tests python benchmarks/corpus_search.py " + " ".join(
-            sys.argv[1:])
-        target = Path(__file__).resolve().parent / "results" / "corpus_search.md"
-        target.parent.mkdir(exist_ok=True)
-        text = header(command, "corpus_search") + "\n".join(lines) + "\n"
-        atomic_write(target, text.encode())
-        print(f"wrote {target}")
+        if write:
+            target.parent.mkdir(exist_ok=True)
+            text = header(command, "corpus_search") + "\n".join(lines) + "\n"
+            atomic_write(target, text.encode())
 
 
 def main() -> None:
