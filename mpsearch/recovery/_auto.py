@@ -45,10 +45,11 @@ from mpsearch.graph import ModelGraph
 from mpsearch.profiles import HardwareProfile
 from mpsearch.progress import Progress, Reporter
 from mpsearch.quantize import Quantizer
-from mpsearch.recovery._bias_correction import InputMeans, _dequantize, input_means
+from mpsearch.recovery._bias_correction import InputMeans, input_means
 from mpsearch.recovery._cle import equalization_pairs, equalize
 from mpsearch.recovery._corrected import CorrectedQuantizer
-from mpsearch.recovery._gptq import InputHessians, input_hessians, weight_rows
+from mpsearch.recovery._gptq import InputHessians, input_hessians
+from mpsearch.recovery._layers import layer_gains
 from mpsearch.recovery._smoothquant import (
     ChannelMaxima,
     channel_maxima,
@@ -262,11 +263,17 @@ def recover(graph: ModelGraph, profile: HardwareProfile, calibration: Dataset,
     chosen = dict.fromkeys(METHODS, False)
     table = calibrate(graph)
     current = scorer("plain", Quantizer(graph, table, profile))
-    graph, table, _ = _transforms(graph, profile, calibration, calibrate, s, scorer,
-                                        chosen, reasons, (table, current), threads)
+    graph, table, _ = _transforms(graph, profile, calibration, calibrate, s, scorer, chosen,
+                                  reasons, (table, current), threads)
     means, hessians = _weights(graph, table, profile, calibration, s, scorer, chosen, reasons,
                                threads)
-    layers = {} if hessians is None else _layer_gains(graph, hessians, scorer, chosen)
+    layers = {}
+    if hessians is not None:  # GPTQ's per-layer gain, from the two narrowest-format builds
+        base = {m: chosen[m] for m in ("cle", "smoothquant")}
+        rtn = scorer.models.get(_label(base), {}).get(formats[0])
+        gptq = scorer.models.get(_label(dict(base, gptq=True)), {}).get(formats[0])
+        if rtn is not None and gptq is not None:
+            layers = layer_gains(graph, hessians, rtn, gptq)
     decision = RecoveryDecision(
         chosen=chosen, asked=asked, reasons=reasons, formats=formats, samples=len(data),
         metric=scorer.evaluator.primary.name, scores=scorer.scores, layers=layers,
@@ -377,54 +384,3 @@ def _weights(graph: ModelGraph, table: CalibrationTable, profile: HardwareProfil
         reasons[method] = (f"kept: {delta:+.2f} dB over the same without it" if chosen[method]
                            else f"did not help: {-delta:+.2f} dB with it (margin {MARGIN_DB} dB)")
     return means, hessians
-
-
-def _layer_gains(graph: ModelGraph, hessians: InputHessians, scorer: _Scorer,
-                 chosen: Mapping[str, bool]) -> dict[str, dict[str, float]]:
-    """Node -> SQNR (dB) of its own output under its weight's rounding, round to nearest
-    (``rtn``) and GPTQ (``gptq``), at the narrowest format; from the built models."""
-    fmt = scorer.formats[0]
-    base = {m: chosen[m] for m in ("cle", "smoothquant")}
-    plain = scorer.models.get(_label(base), {}).get(fmt)
-    gptq = scorer.models.get(_label(dict(base, gptq=True)), {}).get(fmt)
-    if plain is None or gptq is None:
-        return {}
-    rtn_w, gptq_w = _weights_of(plain), _weights_of(gptq)
-    out: dict[str, dict[str, float]] = {}
-    for name, h in hessians.hessians.items():
-        node = graph.nodes.get(name)
-        if node is None or len(node.inputs) < 2 or name not in rtn_w or name not in gptq_w:
-            continue
-        w = graph.initializers.get(node.inputs[1])
-        rows = None if w is None else weight_rows(node, w.astype(np.float64))
-        if rows is None or rows.shape[-1] != h.shape[-1]:
-            continue
-        signal = float(np.einsum("gok,gkl,gol->", rows, h, rows))
-        row: dict[str, float] = {}
-        for label, quantized in (("rtn", rtn_w[name]), ("gptq", gptq_w[name])):
-            q = weight_rows(node, quantized)
-            if q is None or q.shape != rows.shape:
-                break
-            d = q - rows
-            noise = float(np.einsum("gok,gkl,gol->", d, h, d))
-            row[label] = 10 * math.log10(signal / noise) if noise > 0 < signal else math.inf
-        if len(row) == 2:
-            row["gain"] = row["gptq"] - row["rtn"]
-            out[name] = row
-    return out
-
-
-def _weights_of(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """Node name -> its dequantized weight (input 1) in a QDQ ``model``."""
-    inits = {t.name: t for t in model.graph.initializer}
-    producers = {o: n for n in model.graph.node for o in n.output}
-    out: dict[str, np.ndarray] = {}
-    for proto in model.graph.node:
-        if len(proto.input) < 2:
-            continue
-        dq = producers.get(proto.input[1])
-        if dq is not None and dq.op_type == "DequantizeLinear":
-            value = _dequantize(inits, dq)
-            if value is not None:
-                out[proto.name] = value
-    return out
