@@ -99,13 +99,13 @@ def compare(keys: list[str], out: Path, trials: int, write: bool) -> None:
     command = "PYTHONPATH=benchmarks:tests python benchmarks/corpus_search.py " + " ".join(
         sys.argv[1:])
     target = Path(__file__).resolve().parent / "results" / "corpus_search.md"
+    top = header(command, "corpus_search")  # the commit the run started from
     for key in keys:
         lines.append(compare_one(key, out / key, trials))
         print(lines[-1], flush=True)
         if write:
             target.parent.mkdir(exist_ok=True)
-            text = header(command, "corpus_search") + "\n".join(lines) + "\n"
-            atomic_write(target, text.encode())
+            atomic_write(target, (top + "\n".join(lines) + "\n").encode())
 
 
 def main() -> None:
