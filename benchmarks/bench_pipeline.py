@@ -332,6 +332,8 @@ def main() -> None:
     parser.add_argument("--write", action="store_true",
                         help="write benchmarks/results/bench_pipeline.md")
     args = parser.parse_args()
+    command = ("python benchmarks/bench_pipeline.py " + " ".join(sys.argv[1:])).strip()
+    top = header(command)  # the commit the run started from
     models = load_sibling("real_models")
     if models is None:
         raise SystemExit("benchmarks/real_models.py is missing")
@@ -358,13 +360,12 @@ def main() -> None:
             for recovery in ([] if args.recovery is None else args.recovery or ["off"]):
                 rows.append(bench(name, spec, samples, recovery=recovery))
                 notes.append(compare_recovery(default, rows[-1]))
-    command = "python benchmarks/bench_pipeline.py " + " ".join(sys.argv[1:])
-    text = table(rows, command.strip()) + "\n" + "\n".join(notes) + "\n"
+    text = table(rows, command) + "\n" + "\n".join(notes) + "\n"
     print(text)
     if args.write:
         out = RESULTS.parent / "results" / "bench_pipeline.md"
         out.parent.mkdir(exist_ok=True)
-        atomic_write(out, (header(command.strip()) + text).encode())
+        atomic_write(out, (top + text).encode())
         print(f"wrote {out}")
 
 
