@@ -61,23 +61,29 @@ def _cpu() -> str:
     return f"{model}; int8 flags: {' '.join(found) or 'none'}"
 
 
+#: The commit this run started from (a long benchmark may outlive a commit made meanwhile).
+_START_COMMIT = _commit()
+
+
 def header(command: str | None = None) -> str:
     """The provenance lines every results file starts with."""
     import onnxruntime
 
     return "\n".join([
         f"Command: `{command or command_line()}`",
-        f"Commit: {_commit()}",
+        f"Commit: {_START_COMMIT}",
         f"CPU: {_cpu()}",
         f"onnxruntime: {onnxruntime.__version__}; Python {platform.python_version()}",
     ])
 
 
-def publish(name: str, text: str, write: bool, *, command: str | None = None) -> Path | None:
-    """Print ``text`` and, when ``write``, replace ``benchmarks/results/<name>.md`` with it,
-    under a generated header. ``text`` may start with its own heading (``# ...`` or ``## ...``);
-    it becomes the file's title."""
-    print(text)
+def publish(name: str, text: str, write: bool, *, command: str | None = None,
+            echo: bool = True) -> Path | None:
+    """Print ``text`` (unless not ``echo``) and, when ``write``, replace
+    ``benchmarks/results/<name>.md`` with it, under a generated header. ``text`` may start with
+    its own heading (``# ...`` or ``## ...``); it becomes the file's title."""
+    if echo:
+        print(text)
     if not write:
         return None
     lines = text.strip("\n").splitlines()
@@ -89,7 +95,8 @@ def publish(name: str, text: str, write: bool, *, command: str | None = None) ->
                       "", header(command), "", *body]).rstrip("\n") + "\n"
     RESULTS_DIR.mkdir(exist_ok=True)
     atomic_write(path, page.encode())
-    print(f"wrote {path.relative_to(HERE.parent)}")
+    if echo:
+        print(f"wrote {path.relative_to(HERE.parent)}")
     return path
 
 

@@ -23,8 +23,13 @@ held out, the model's own metric. Goal (issue 14): <= 40 FP32 passes for a ~50-n
 Also printed per model: the held-out front's best agreement at <= 1.00x, 1.15x and 1.25x the
 uniform INT8 size (issue 16), and each front point's measured latency (median ORT runs at
 batch 1 and 64, where this host runs the profile's target) beside the profile's estimate.
-``--recovery [NAME ...]`` also runs each search with the named ``recovery`` settings
-(:data:`RECOVERIES`; bare: ``cle+bc``, i.e. ``{cle: true, bias_correction: true}``).
+The default spec has ``recovery: auto`` (each method decided per model on the search split);
+the ``recovery`` column names what it chose and its cost in passes (the candidates' scoring;
+their calibrations count under ``calibrate``). ``--recovery [NAME ...]`` also runs each search
+with the named ``recovery`` settings (:data:`RECOVERIES`; bare: ``off``), and the notes
+compare each such run's held-out hypervolume with the default run's (same box).
+``--write`` writes the tables to ``benchmarks/results/bench_pipeline.md`` (whole, with the
+command, the commit, the CPU's int8 instruction set and the onnxruntime version).
 ``--reference`` also runs the same search with every shortcut off (sensitivity and group costs
 on the whole search split, no first-chunk pruning, no patience stop: all the trials) and
 compares the two held-out fronts' hypervolumes (agreement up, size down; box: the lowest
@@ -50,11 +55,11 @@ from _results import load_sibling, publish  # noqa: E402
 
 from mpsearch import host_int8_isa, load_data, load_model  # noqa: E402
 from mpsearch.pareto import SIZE_TIE, hypervolume  # noqa: E402
-from mpsearch.pipeline import search_run  # noqa: E402
+from mpsearch.pipeline import SearchRun, search_run  # noqa: E402
 from mpsearch.progress import Progress  # noqa: E402
 from mpsearch.rundir import Baseline, Front, FrontPoint  # noqa: E402
 from mpsearch.runtime import create_session  # noqa: E402
-from mpsearch.spec import SearchSpec, load_spec  # noqa: E402
+from mpsearch.spec import RECOVERY_METHODS, SearchSpec, load_spec  # noqa: E402
 
 
 class PhaseClock:
@@ -112,6 +117,7 @@ class Row:
     best: dict[float, float]  # size limit (x INT8) -> best held-out agreement within it
     points: int
     front: Front
+    recovery: str = "-"  # the methods the run used (auto: what it decided)
 
     def passes(self, seconds: float) -> str:
         return f"{seconds / self.unit:.0f}"
@@ -122,7 +128,8 @@ class Row:
         calibrate = ph.get("prepare", 0.0) + ph.get("calibrate", 0.0)
         return (f"| {self.model} | {self.rows} | {self.wall:.0f} | {self.unit:.2f} | "
                 f"**{self.passes(self.wall)}** | {self.cpu / self.cpu_unit:.0f} | "
-                f"{self.passes(calibrate)} | "
+                f"{self.passes(calibrate)} | {self.recovery} "
+                f"({self.passes(ph.get('recovery', 0.0))}) | "
                 f"{self.passes(analysis)} | {self.passes(ph.get('group costs', 0.0))} | "
                 f"{self.passes(ph.get('search', 0.0))} | "
                 f"{self.passes(ph.get('held-out', 0.0))} | {self.trials} | "
@@ -160,10 +167,16 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-#: ``--recovery`` settings by name: the spec's ``recovery`` keys each turns on.
-RECOVERIES = {"cle+bc": {"cle": True, "bias_correction": True},
-              "gptq+bc": {"gptq": True, "bias_correction": True},
-              "gptq": {"gptq": True}}
+def _recovery(**on: bool | None) -> dict[str, bool | None]:
+    return {"cle": False, "bias_correction": False, "gptq": False, "smoothquant": False, **on}
+
+
+#: ``--recovery`` settings by name: the spec's ``recovery`` methods (None: auto).
+RECOVERIES = {"off": _recovery(),
+              "auto": _recovery(cle=None, bias_correction=None, gptq=None, smoothquant=None),
+              "cle+bc": _recovery(cle=True, bias_correction=True),
+              "gptq+bc": _recovery(gptq=True, bias_correction=True),
+              "gptq": _recovery(gptq=True)}
 
 
 def bench(name: str, spec: SearchSpec, samples: int, slow: bool = False,
@@ -189,13 +202,45 @@ def bench(name: str, spec: SearchSpec, samples: int, slow: bool = False,
                         if p.size <= limit * int8.size * (1 + SIZE_TIE)),
                        default=float("nan")) for limit in SIZE_LIMITS}
     label = name + (" (reference: no shortcuts)" if slow else "") + (
-        f" (recovery: {recovery.upper()})" if recovery else "")
+        f" (recovery: {recovery})" if recovery else "")
     return Row(model=label, unit=unit, cpu_unit=cpu_unit, cpu=cpu,
                wall=end - start, rows=len(run.analysis.sensitivity) if run.analysis else 0,
                phases=clock.phases(start, end), evaluations=run.result.evaluations,
                trials=sum(r.state in ("complete", "pruned") for r in run.result.trials),
                configs=len(run.measured), fp32=front.fp32.metric, int8=int8.metric,
-               best=best, points=len(front.points), front=front)
+               best=best, points=len(front.points), front=front,
+               recovery=_used(run, spec))
+
+
+def _used(run: SearchRun, spec: SearchSpec) -> str:
+    """The recovery methods the run used: what auto decided, else what was set."""
+    if run.recovery is not None:
+        return run.recovery.label
+    on = [m for m in RECOVERY_METHODS if getattr(spec, m)]
+    return "+".join(on) if on else "plain"
+
+
+def hypervolumes(first: Row, second: Row) -> tuple[float, float]:
+    """Held-out hypervolumes of two runs' fronts of one model, in one box: metric from the
+    lowest of either front and the baselines, size up to 1.01x FP32's."""
+    def points(front: Front) -> list[tuple[float, float]]:
+        return [(p.metric, float(p.size)) for p in front.points]
+
+    baselines = [first.front.fp32, *first.front.uniform.values()]
+    ref_metric = min(m for m, _ in points(first.front) + points(second.front)
+                     + [(b.metric, 0.0) for b in baselines]) - 1e-3
+    ref_size = 1.01 * first.front.fp32.size
+    return (hypervolume(points(first.front), ref_metric, ref_size),
+            hypervolume(points(second.front), ref_metric, ref_size))
+
+
+def compare_recovery(default: Row, other: Row) -> str:
+    """The default run's held-out hypervolume beside another recovery setting's."""
+    mine, theirs = hypervolumes(default, other)
+    verdict = "not below" if mine >= theirs else "BELOW"
+    return (f"- {default.model}: held-out hypervolume, default (recovery: auto -> "
+            f"{default.recovery}) {mine:.6g} vs {other.model} ({other.recovery}) {theirs:.6g}: "
+            f"{100 * mine / theirs:.2f} %, {verdict}")
 
 
 def compare(fast: Row, slow: Row) -> str:
@@ -223,12 +268,12 @@ def table(rows: Sequence[Row], command: str) -> str:
              "measurements of the search split's measurer (analysis rows, group costs, trials; "
              "a raced trial counts once per stage it reached).", "",
              "| model | (node, format) rows | wall s | FP32 pass s | passes | passes (CPU time) | "
-             "calibrate | "
+             "calibrate | recovery (passes) | "
              "analysis | group costs | trials | held-out | trials run | trials evaluated | "
              "configs | "
              "FP32 / INT8 (metric) | best at <= 1.00x / 1.15x / 1.25x INT8 size | "
              "front points |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [r.line() for r in rows]
     lines += ["", "Front points and baselines (held-out agreement with its 95 % Wilson "
               "interval; latency: median ORT runs on this machine relative to FP32's, the "
@@ -268,11 +313,11 @@ def main() -> None:
     parser.add_argument("--reference", action="store_true",
                         help="also run each search with every shortcut off and compare")
     parser.add_argument("--recovery", nargs="*", choices=sorted(RECOVERIES), default=None,
-                        help="also run each search with these recovery settings (bare: "
-                             "cle+bc)")
+                        help="also run each search with these recovery settings (bare: off)")
     parser.add_argument("--no-write", action="store_true",
                         help="print only; do not write benchmarks/results/bench_pipeline.md")
     args = parser.parse_args()
+    command = ("python benchmarks/bench_pipeline.py " + " ".join(sys.argv[1:])).strip()
     models = load_sibling("real_models")
     if models is None:
         raise SystemExit("benchmarks/real_models.py is missing")
@@ -295,11 +340,12 @@ def main() -> None:
             if args.reference:
                 rows.append(bench(name, spec, samples, slow=True))
                 notes.append(compare(rows[-2], rows[-1]))
-            for recovery in ([] if args.recovery is None else args.recovery or ["cle+bc"]):
+            default = rows[-1 - args.reference]
+            for recovery in ([] if args.recovery is None else args.recovery or ["off"]):
                 rows.append(bench(name, spec, samples, recovery=recovery))
-    command = "python benchmarks/bench_pipeline.py " + " ".join(sys.argv[1:])
-    publish("bench_pipeline", "## Whole search\n\n" + table(rows, command.strip()) + "\n"
-            + "\n".join(notes) + "\n", write=not args.no_write, command=command.strip())
+                notes.append(compare_recovery(default, rows[-1]))
+    publish("bench_pipeline", "## Whole search\n\n" + table(rows, command) + "\n"
+            + "\n".join(notes) + "\n", write=not args.no_write, command=command)
 
 
 if __name__ == "__main__":

@@ -6,21 +6,33 @@ Usage: ``PYTHONPATH=benchmarks:tests python benchmarks/corpus_search.py KEY... [
 construction, ``max_metric_drop: 0.05``), the whole search, the smallest front point exported
 (re-measured on the held-out split), ORT's ``quantize_static`` INT8 and our uniform INT8 built
 from the run's calibration split; prints one RESULTS.md row of file sizes and held-out metrics.
+
+``--compare-recovery``: instead, per key, the same search twice, with the default ``recovery:
+auto`` and with ``recovery: off``, and their held-out fronts' hypervolumes in one box (metric
+up from the lowest of either front and the baselines, size up to 1.01x FP32's); with
+``--write``, the table goes to ``benchmarks/results/corpus_search.md`` (whole, with the command,
+commit, CPU int8 instruction set and onnxruntime version).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import resource
+import sys
 import time
 from pathlib import Path
 
 import onnx
-from corpus import write_search  # benchmarks/ on PYTHONPATH
+from _results import publish  # benchmarks/ on PYTHONPATH
+from bench_pipeline import RECOVERIES
+from corpus import write_search
 from ort_baseline import ort_int8  # tests/ on PYTHONPATH
 
 import mpsearch
-from mpsearch.pipeline import export_point, prepare, search_run
+from mpsearch.pareto import hypervolume
+from mpsearch.pipeline import SearchRun, export_point, prepare, search_run
+from mpsearch.rundir import Front
 from mpsearch.spec import load_spec
 
 
@@ -51,12 +63,62 @@ def search_one(key: str, out: Path, trials: int) -> str:
             f"({size['int8'] / size['ort_int8']:.4f}x) |")
 
 
+def _volumes(auto: Front, off: Front) -> tuple[float, float]:
+    points = {k: [(p.metric, float(p.size)) for p in f.points]
+              for k, f in (("auto", auto), ("off", off))}
+    baselines = [auto.fp32, *auto.uniform.values(), off.fp32, *off.uniform.values()]
+    ref_metric = min([m for pts in points.values() for m, _ in pts]
+                     + [b.metric for b in baselines]) - 1e-3
+    ref_size = 1.01 * auto.fp32.size
+    return (hypervolume(points["auto"], ref_metric, ref_size),
+            hypervolume(points["off"], ref_metric, ref_size))
+
+
+def compare_one(key: str, out: Path, trials: int) -> str:
+    """One table row: the held-out hypervolumes of ``recovery: auto`` and ``off``."""
+    spec = load_spec(write_search(key, out, trials))
+    runs: dict[str, tuple[SearchRun, float]] = {}
+    for name, settings in (("auto", {}), ("off", RECOVERIES["off"])):
+        start = time.perf_counter()
+        run = search_run(dataclasses.replace(spec, **settings), out / f"run-{name}")
+        runs[name] = (run, (time.perf_counter() - start) / 60)
+    auto, off = runs["auto"][0], runs["off"][0]
+    mine, theirs = _volumes(auto.front, off.front)
+    decision = "-" if auto.recovery is None else auto.recovery.summary()
+    verdict = "not below" if mine >= theirs * (1 - 1e-9) else "**below**"
+    return (f"| {key} | {auto.front.metric} | {decision} | {mine:.6g} | {theirs:.6g} | "
+            f"{mine / theirs if theirs else float('nan'):.4f} | {verdict} | "
+            f"{runs['auto'][1]:.1f} / {runs['off'][1]:.1f} min |")
+
+
+def compare(keys: list[str], out: Path, trials: int, write: bool) -> None:
+    """The comparison table, printed row by row and (``write``) rewritten after each row."""
+    lines = ["| model | metric | recovery: auto decided | held-out hypervolume, auto | "
+             "same, off | auto / off | auto vs off | wall (auto / off) |",
+             "|---|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    command = "PYTHONPATH=benchmarks:tests python benchmarks/corpus_search.py " + " ".join(
+        sys.argv[1:])
+    for key in keys:
+        lines.append(compare_one(key, out / key, trials))
+        print(lines[-1], flush=True)
+        publish("corpus_search", "# Recovery auto against off, corpus searches\n\n"
+                + "\n".join(lines) + "\n", write, command=command, echo=False)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("keys", nargs="+", help="corpus keys (benchmarks/corpus.py)")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("corpus-searches"))
+    parser.add_argument("--compare-recovery", action="store_true",
+                        help="search each key with recovery auto and off; compare hypervolumes")
+    parser.add_argument("--write", action="store_true",
+                        help="with --compare-recovery: write benchmarks/results/corpus_search.md")
     args = parser.parse_args()
+    if args.compare_recovery:
+        compare(args.keys, args.out, args.trials, args.write)
+        return
     print("| model | search metric | wall time | smallest front point (file) | its metric | "
           "ORT INT8 (file) | uniform INT8 metric | uniform INT8 (file) |")
     print("|---|---|---|---|---|---|---|---|")

@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 import onnx
 
 from mpsearch import __version__
-from mpsearch._io import write_model
+from mpsearch._io import write_json, write_model
 from mpsearch._results import held_out_front, relative_latency, write_analysis
 from mpsearch.analysis import (
     Analysis,
@@ -55,16 +55,22 @@ from mpsearch.profiles import (
 from mpsearch.progress import Reporter
 from mpsearch.quantize import Quantizer
 from mpsearch.recovery import (
+    DECISION_SAMPLES,
     CorrectedQuantizer,
     InputHessians,
     InputMeans,
-    channel_maxima,
-    equalize,
-    input_hessians,
-    input_means,
-    smooth,
+    RecoveryDecision,
+    RecoverySettings,
+    recover,
 )
-from mpsearch.rundir import Front, FrontPoint, MeasurementCache, RunDir, check_measurements
+from mpsearch.rundir import (
+    Front,
+    FrontPoint,
+    MeasurementCache,
+    RunDir,
+    check_measurements,
+    read_json,
+)
 from mpsearch.runtime import create_session, ort_version
 from mpsearch.search import (
     MEASURE_ABOVE,
@@ -111,6 +117,7 @@ class Prepared:
     method: str
     means: InputMeans | None = None  # set when builds are bias-corrected
     hessians: InputHessians | None = None  # set when builds round weights by GPTQ
+    recovery: RecoveryDecision | None = None  # what `recovery: auto` decided, and why
 
     def quantizer(self) -> Quantizer:
         if self.means is not None or self.hessians is not None:
@@ -140,11 +147,14 @@ def prepare_inputs(
     threads: int = 2,
     cache_dir: str | os.PathLike[str] | None = None,
     progress: Reporter | None = None,
-    cle: bool = False,
-    bias_correction: bool = False,
-    gptq: bool = False,
-    smoothquant: bool = False,
+    cle: bool | None = False,
+    bias_correction: bool | None = False,
+    gptq: bool | None = False,
+    smoothquant: bool | None = False,
     smoothquant_alpha: float = 0.5,
+    held_out: float = 0.5,
+    metric: str | None = None,
+    recovery_cache: str | os.PathLike[str] | None = None,
 ) -> Prepared:
     """Load and check the inputs (objects or paths), split the data and calibrate once (or
     load the table cached in ``cache_dir``); ``batch_size`` None sizes the calibration
@@ -153,10 +163,11 @@ def prepare_inputs(
     the MatMul/Gemm weights reading them, from the calibration split's channel maxima
     (``smoothquant_alpha``: migration strength), so calibration sees the smoothed graph;
     ``gptq`` rounds every build's 8-bit weights by GPTQ and ``bias_correction`` corrects its
-    biases, both from the calibration split (:mod:`mpsearch.recovery`)."""
+    biases, both from the calibration split (:mod:`mpsearch.recovery`). A recovery setting
+    None is decided by :func:`mpsearch.recovery.recover` on the search split (the validation
+    split less its ``held_out`` fraction; ``metric`` is recorded beside the SQNRs); the
+    decision is kept in ``recovery_cache`` (a JSON file) and read back when its inputs match."""
     graph = model if isinstance(model, ModelGraph) else load_model(model)
-    if cle:
-        graph = equalize(graph)
     hw = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
     dataset = data if isinstance(data, Dataset) else load_data(data)
     dataset = dataset.for_inputs([i.name for i in graph.inputs])
@@ -168,20 +179,52 @@ def prepare_inputs(
     for node in graph.nodes.values():  # fail early when the target cannot run an op at all
         hw.formats_for_node(node)
     calib, valid = split_data(dataset, calibration_samples, seed)
-    if smoothquant:
-        graph = smooth(graph, channel_maxima(graph, calib, threads=threads),
-                       alpha=smoothquant_alpha)
     options: dict[str, Any] = dict(batch_size=batch_size, threads=threads, progress=progress)
-    if cache_dir is not None:
-        table = calibrate_cached(graph, calib, cache_dir, **options)
-    else:
-        table = calibrate(graph, calib, **options)
+
+    def calibrate_graph(g: ModelGraph) -> CalibrationTable:
+        if cache_dir is not None:
+            return calibrate_cached(g, calib, cache_dir, **options)
+        return calibrate(g, calib, **options)
+
+    settings = RecoverySettings(cle=cle, bias_correction=bias_correction, gptq=gptq,
+                                smoothquant=smoothquant, smoothquant_alpha=smoothquant_alpha)
+    search = search_split(valid, held_out, seed)[0]
+    key = _recovery_key(graph, hw, calib, search, settings, metric) if settings.auto else {}
+    decided = _cached_decision(recovery_cache, key) if settings.auto else None
+    if decided is not None:  # the decision this run made before: its methods, fixed
+        settings = RecoverySettings(**decided.chosen, smoothquant_alpha=smoothquant_alpha)
+    done = recover(graph, hw, calib, search, calibrate_graph, settings, metric=metric,
+                   threads=threads, progress=progress)
+    if cache_dir is not None and done.decision is not None:
+        done.table.save(cache_dir)  # the chosen graph's table, for the next prepare
+    if recovery_cache is not None and done.decision is not None:
+        write_json(Path(recovery_cache), {"key": key, "decision": done.decision.to_dict()})
+    graph, table = done.graph, done.table
     logger.info("calibrated %d tensors on %d samples", len(table.tensors), len(calib))
-    means = input_means(graph, calib, threads=threads) if bias_correction else None
-    hessians = input_hessians(graph, calib, threads=threads) if gptq else None
     return Prepared(graph=graph, summary=summarize(graph), profile=hw, calibration=calib,
-                    validation=valid, table=table, method=method, means=means,
-                    hessians=hessians)
+                    validation=valid, table=table, method=method, means=done.means,
+                    hessians=done.hessians, recovery=decided or done.decision)
+
+
+def _recovery_key(graph: ModelGraph, profile: HardwareProfile, calib: Dataset, search: Dataset,
+                  settings: RecoverySettings, metric: str | None) -> dict[str, Any]:
+    """What a recovery decision depends on (its cache key)."""
+    return {"mpsearch": __version__, "model": graph.fingerprint,
+            "profile": _digest(profile.to_dict()), "calibration": calib.fingerprint,
+            "search": search.fingerprint, "settings": _digest(asdict(settings)), "metric": metric,
+            "samples": DECISION_SAMPLES, "onnxruntime": ort_version()}
+
+
+def _cached_decision(path: str | os.PathLike[str] | None, key: dict[str, Any]
+                     ) -> RecoveryDecision | None:
+    """The decision saved in ``path`` for ``key`` (None: none, or for other inputs)."""
+    saved = None if path is None else read_json(Path(path))
+    if not isinstance(saved, dict) or saved.get("key") != key:
+        return None
+    try:
+        return RecoveryDecision.from_dict(saved["decision"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _check_inputs(graph: ModelGraph, profile: HardwareProfile, data: Dataset) -> None:
@@ -203,25 +246,32 @@ def prepare(spec: SearchSpec, run_dir: RunDir | str | Path | None = None, *,
                           calibration_samples=spec.calibration_samples, method=spec.method,
                           seed=spec.data_seed, threads=spec.threads,
                           cache_dir=None if run is None else run.calibration, progress=progress,
+                          recovery_cache=None if run is None else run.recovery_json,
                           **_recovery(spec))
 
 
 def _recovery(spec: SearchSpec) -> dict[str, Any]:
     """The spec's ``recovery`` settings as :func:`prepare_inputs` takes them."""
     return dict(cle=spec.cle, bias_correction=spec.bias_correction, gptq=spec.gptq,
-                smoothquant=spec.smoothquant, smoothquant_alpha=spec.smoothquant_alpha)
+                smoothquant=spec.smoothquant, smoothquant_alpha=spec.smoothquant_alpha,
+                held_out=spec.held_out, metric=spec.metric)
 
 
 def _rundir(run_dir: RunDir | str | Path) -> RunDir:
     return run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
 
 
-def _splits(prepared: Prepared, spec: SearchSpec) -> tuple[Dataset, Dataset]:
-    """(search, held-out) from the validation data; held-out is never searched on."""
-    validation = prepared.validation
-    if spec.held_out <= 0 or len(validation) < 2:
+def search_split(validation: Dataset, held_out: float, seed: int) -> tuple[Dataset, Dataset]:
+    """(search, held-out) from the validation data; held-out is never searched on (nor is
+    recovery decided on it)."""
+    if held_out <= 0 or len(validation) < 2:
         return validation, validation
-    return validation.split(1.0 - spec.held_out, spec.data_seed)
+    return validation.split(1.0 - held_out, seed)
+
+
+def _splits(prepared: Prepared, spec: SearchSpec) -> tuple[Dataset, Dataset]:
+    """(search, held-out) of ``prepared`` under ``spec``: :func:`search_split`."""
+    return search_split(prepared.validation, spec.held_out, spec.data_seed)
 
 
 def _digest(value: Any) -> str:
@@ -323,6 +373,7 @@ class SearchRun:
     front: Front
     analysis: Analysis | None
     measured: tuple[str, ...]
+    recovery: RecoveryDecision | None = None  # what `recovery: auto` decided
 
 
 def search_run(
@@ -368,7 +419,7 @@ def search_run(
     run.write_trials([[r.trial, r.state, r.metric, r.size, relative_latency(r.latency, front.fp32),
                        r.source] for r in result.trials])
     return SearchRun(run_dir=run.path, result=result, front=front, analysis=analysis,
-                     measured=tuple(measurer.measured))
+                     measured=tuple(measurer.measured), recovery=prepared.recovery)
 
 
 def with_objectives(spec: SearchSpec) -> SearchSpec:

@@ -387,6 +387,7 @@ class RunDir:
         self.summary_json = p / "summary.json"
         self.profile_json = p / "profile.json"
         self.calibration = p / "calibration"
+        self.recovery_json = p / "recovery.json"  # what `recovery: auto` decided, and why
         self.measurements = p / "cache" / "measurements.json"
         self.sensitivity_json = p / "sensitivity.json"
         self.sensitivity_csv = p / "sensitivity.csv"

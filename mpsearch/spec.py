@@ -16,8 +16,9 @@ Parsed once, strictly, at the edge: an unknown key is an error with the file, th
     seed: 0
     # storage: postgresql://user:pw@host/db   # several workers share one study
     # heartbeat: 60    # seconds; a worker silent for 2x this has its trial failed and retried
-    recovery: {cle: false, bias_correction: false,   # accuracy recovery (mpsearch.recovery)
-               gptq: false, smoothquant: false, smoothquant_alpha: 0.5}
+    recovery: auto    # accuracy recovery (mpsearch.recovery): auto (default), off, or
+                      # {cle, bias_correction, gptq, smoothquant: true | false | auto,
+                      #  smoothquant_alpha: 0.5}; auto decides on the search split
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ import yaml
 from mpsearch._yaml import Section, load_yaml
 from mpsearch.errors import SpecError
 
-__all__ = ["MAX_SEED", "MAX_THREADS", "METHODS", "OBJECTIVES", "SAMPLER_NAMES", "SEARCH_SCORES",
-           "SearchSpec", "Thresholds", "load_spec", "machine_threads"]
+__all__ = ["MAX_SEED", "MAX_THREADS", "METHODS", "OBJECTIVES", "RECOVERY_METHODS",
+           "SAMPLER_NAMES", "SEARCH_SCORES", "SearchSpec", "Thresholds", "load_spec",
+           "machine_threads"]
 
 logger = logging.getLogger(__name__)
 
@@ -172,10 +174,10 @@ class SearchSpec:
     analysis: bool = True
     seeding: bool = True
     explore: float = 0.5
-    cle: bool = False
-    bias_correction: bool = False
-    gptq: bool = False
-    smoothquant: bool = False
+    cle: bool | None = None  # recovery: True on, False off, None auto (decided per model)
+    bias_correction: bool | None = None
+    gptq: bool | None = None
+    smoothquant: bool | None = None
     smoothquant_alpha: float = 0.5
     path: str | None = None
     name: str | None = None  # what reports call the model (an upload's own file name)
@@ -234,8 +236,7 @@ class SearchSpec:
             "formats": None if self.formats is None else list(self.formats),
             "analysis": self.analysis, "seeding": self.seeding, "explore": self.explore,
             "name": self.name, "verify": self.verify,
-            "recovery": {"cle": self.cle, "bias_correction": self.bias_correction,
-                         "gptq": self.gptq, "smoothquant": self.smoothquant,
+            "recovery": {**{m: _auto_or(getattr(self, m)) for m in RECOVERY_METHODS},
                          "smoothquant_alpha": self.smoothquant_alpha},
         }
         if not self.objectives:  # the default, decided by the profile when the search starts
@@ -250,6 +251,38 @@ class SearchSpec:
         if unknown:
             raise SpecError(f"unknown spec setting(s) {', '.join(unknown)}")
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+#: The ``recovery`` methods; each is true, false or ``auto`` (None in :class:`SearchSpec`).
+RECOVERY_METHODS = ("cle", "bias_correction", "gptq", "smoothquant")
+
+
+def _auto_or(value: bool | None) -> bool | str:
+    return "auto" if value is None else value
+
+
+def _recovery(root: Section) -> tuple[dict[str, bool | None], float]:
+    """``recovery``: ``auto`` (the default: every method decided per model), ``off`` (none),
+    or a mapping of methods to true / false / auto (a method not named is auto)."""
+    value = root.data.get("recovery")
+    if value is None or value == "auto":
+        return dict.fromkeys(RECOVERY_METHODS), 0.5
+    if value is False or value in ("off", "none"):  # YAML reads a bare `off` as false
+        return dict.fromkeys(RECOVERY_METHODS, False), 0.5
+    if not isinstance(value, dict):
+        names = ", ".join(RECOVERY_METHODS)
+        root.fail("recovery", f"recovery must be auto, off or a mapping of {names} to "
+                  f"true / false / auto, got {value!r}")
+    section = root.section("recovery")
+    section.check_keys((*RECOVERY_METHODS, "smoothquant_alpha"))
+    methods: dict[str, bool | None] = {}
+    for method in RECOVERY_METHODS:
+        given = section.data.get(method)
+        if given is not None and given != "auto" and not isinstance(given, bool):
+            section.fail(method, f"{section.path(method)} must be true, false or auto, got "
+                         f"{given!r}")
+        methods[method] = None if given in (None, "auto") else bool(given)
+    return methods, _alpha(section)
 
 
 def _path(section: Section, key: str, base: Path) -> str:
@@ -310,8 +343,7 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     evaluation = root.section("evaluation", default=None)
     evaluation.check_keys(("batch_size", "threads", "chunks", "sensitivity_samples",
                            "search_score"))
-    recovery = root.section("recovery", default=None)
-    recovery.check_keys(("cle", "bias_correction", "gptq", "smoothquant", "smoothquant_alpha"))
+    recovery, alpha = _recovery(root)
     profile = root.get_str("profile")
     if profile.endswith((".yaml", ".yml")):
         profile = str((base / profile).resolve())
@@ -353,11 +385,8 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
         analysis=root.get_bool("analysis", True),
         seeding=root.get_bool("seeding", True),
         explore=_fraction(root, "explore", 0.5),
-        cle=recovery.get_bool("cle", False),
-        bias_correction=recovery.get_bool("bias_correction", False),
-        gptq=recovery.get_bool("gptq", False),
-        smoothquant=recovery.get_bool("smoothquant", False),
-        smoothquant_alpha=_alpha(recovery),
+        **recovery,
+        smoothquant_alpha=alpha,
         path=file,
         name=root.get_str("name", None),
         verify=root.get_str("verify", "none", choices=VERIFY),

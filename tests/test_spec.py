@@ -42,9 +42,13 @@ BAD = [
     (GOOD + "recovery: {cle: true, bias_corection: true}\n",
      r"spec\.yaml:5: unknown key 'bias_corection' in recovery; did you mean "
      r"'bias_correction'\?"),
-    (GOOD + "recovery: {cle: yes please}\n", r"recovery\.cle must be true or false"),
+    (GOOD + "recovery: {cle: yes please}\n",
+     r"recovery\.cle must be true, false or auto, got 'yes please'"),
     (GOOD + "recovery: {smoothquant: 1}\n", r"spec\.yaml:5: recovery\.smoothquant must be "
-     r"true or false, got 1"),
+     r"true, false or auto, got 1"),
+    (GOOD + "recovery: maybe\n", r"spec\.yaml:5: recovery must be auto, off or a mapping of "
+     r"cle, bias_correction, gptq, smoothquant to true / false / auto, got 'maybe'"),
+    (GOOD + "recovery: true\n", r"spec\.yaml:5: recovery must be auto, off or a mapping"),
     (GOOD + "recovery: {smoothquant: true, smoothquant_alpha: 1.5}\n",
      r"spec\.yaml:5: recovery\.smoothquant_alpha must be in \(0, 1\], got 1\.5"),
     (GOOD + "recovery: {smoothquant_alpha: 0}\n",
@@ -72,15 +76,28 @@ def test_malformed_specs(tmp_path: Path, text: str, message: str) -> None:
     assert "\n" not in str(info.value)
 
 
-def test_recovery_section_defaults_off_and_round_trips(tmp_path: Path) -> None:
+def test_recovery_defaults_to_auto_and_round_trips(tmp_path: Path) -> None:
+    """auto (None) by default and as ``recovery: auto``; ``off`` (YAML's false) turns every
+    method off; a mapping fixes the methods it names and leaves the others auto; each spec
+    reads back equal from its own to_yaml()."""
     spec = load_spec(_write(tmp_path, GOOD))
-    assert (spec.cle, spec.bias_correction, spec.gptq, spec.smoothquant) == (False,) * 4
+    assert (spec.cle, spec.bias_correction, spec.gptq, spec.smoothquant) == (None,) * 4
     assert spec.smoothquant_alpha == 0.5
     on = load_spec(_write(tmp_path, GOOD + "recovery: {cle: true, bias_correction: true, "
                           "gptq: true, smoothquant: true, smoothquant_alpha: 0.75}\n"))
     assert (on.cle, on.bias_correction, on.gptq, on.smoothquant) == (True,) * 4
     assert on.smoothquant_alpha == 0.75
+    cases = {"": (None,) * 4, "recovery: auto\n": (None,) * 4, "recovery: off\n": (False,) * 4,
+             "recovery: 'off'\n": (False,) * 4, "recovery: {}\n": (None,) * 4,
+             "recovery: {gptq: true, cle: false, bias_correction: auto}\n":
+                 (False, None, True, None)}
     again = tmp_path / "again.yaml"
+    for text, expected in cases.items():
+        loaded = load_spec(_write(tmp_path, GOOD + text))
+        assert (loaded.cle, loaded.bias_correction, loaded.gptq, loaded.smoothquant) == expected
+        again.write_text(loaded.to_yaml())
+        assert load_spec(again).to_dict() | {"path": None} == loaded.to_dict() | {"path": None}
+    assert "recovery:\n  cle: auto\n  bias_correction: auto\n" in spec.to_yaml()
     again.write_text(on.to_yaml())
     assert load_spec(again).to_dict() | {"path": None} == on.to_dict() | {"path": None}
     assert spec.search_score == "auto"

@@ -100,6 +100,8 @@ def _search(args: argparse.Namespace) -> int:
     front = run.front
     print(f"run dir  {run.run_dir}  ({run.result.evaluations} evaluations, "
           f"{run.result.seconds:.1f} s search)")
+    if run.recovery is not None:
+        print(f"recovery {run.recovery.summary()}")
     shown = len(front.points) if args.all else len(front.shown)
     print(f"\nPareto front ({shown} of {len(front.points)} points, {front.metric} on held-out "
           "data, with the baselines):")

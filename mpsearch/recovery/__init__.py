@@ -13,9 +13,21 @@
   from the calibration data's :func:`input_means`; :class:`CorrectedQuantizer` applies it to
   every build (after GPTQ's rounding, when both are on).
 
+:func:`recover` (``_auto``) applies a :class:`RecoverySettings` to a graph; the methods left
+``None`` (``recovery: auto``) are decided by measuring them on the search split, and the
+:class:`RecoveryDecision` records what each bought.
+
 The three statistics are each one streaming ONNX Runtime pass of ``_activations``.
 """
 
+from mpsearch.recovery._auto import (
+    DECISION_SAMPLES,
+    METHODS,
+    Recovered,
+    RecoveryDecision,
+    RecoverySettings,
+    recover,
+)
 from mpsearch.recovery._bias_correction import (
     InputMeans,
     conv_tap_means,
@@ -41,8 +53,9 @@ from mpsearch.recovery._smoothquant import (
     smoothing_groups,
 )
 
-__all__ = ["CLIP_POLICIES", "HESSIAN_SAMPLES", "ChannelMaxima", "CorrectedQuantizer",
-           "InputHessians", "InputMeans", "Pair", "Skipped", "SmoothGroup", "SmoothSkipped",
+__all__ = ["CLIP_POLICIES", "DECISION_SAMPLES", "HESSIAN_SAMPLES", "METHODS", "ChannelMaxima",
+           "CorrectedQuantizer", "InputHessians", "InputMeans", "Pair", "Recovered",
+           "RecoveryDecision", "RecoverySettings", "Skipped", "SmoothGroup", "SmoothSkipped",
            "channel_maxima", "conv_tap_means", "correct_biases", "equalization_pairs",
-           "equalize", "gptq_codes", "input_hessians", "input_means", "output_shift",
+           "equalize", "gptq_codes", "input_hessians", "input_means", "output_shift", "recover",
            "round_weight", "smooth", "smoothing_groups"]

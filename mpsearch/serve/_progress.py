@@ -34,7 +34,8 @@ __all__ = ["job_progress", "overall", "pareto", "read_journal", "read_records",
 
 _MAX_LOG_BYTES = 8 << 20
 _FRONT_POINTS = 12  # the most points the held-out stage re-measures (the search's FRONT_POINTS)
-_PHASES = {"calibrate": "loading and calibration", "sensitivity": "per-node analysis",
+_PHASES = {"calibrate": "loading and calibration", "recovery": "loading and calibration",
+           "sensitivity": "per-node analysis",
            "reverse": "per-node analysis", "proxy": "per-node analysis",
            "curve": "per-node analysis", "group costs": "seeding", "search": "search",
            "held-out": "held-out re-measure"}
@@ -42,6 +43,8 @@ _PHASES = {"calibrate": "loading and calibration", "sensitivity": "per-node anal
 _MAX_POINTS = 2_000
 _STAGES = {
     "calibrate": "calibrating activation ranges on the calibration samples",
+    "recovery": "deciding the accuracy recovery (CLE, SmoothQuant, GPTQ, bias correction) on "
+                "the search split",
     "sensitivity": "per-node analysis: measuring each node alone in each format",
     "reverse": "per-node analysis: measuring each node kept in float, the rest quantized",
     "proxy": "estimating each node's sensitivity",
