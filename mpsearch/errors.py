@@ -17,6 +17,7 @@ __all__ = [
     "SearchError",
     "SpecError",
     "TargetError",
+    "interrupted",
 ]
 
 
@@ -54,3 +55,17 @@ class SearchError(MpsearchError):
 
 class TargetError(MpsearchError):
     """A target toolchain is missing, refuses the model or fails to compile or run it."""
+
+
+def interrupted(error: BaseException | None) -> bool:
+    """Whether ``error`` is a KeyboardInterrupt or was caused by one: numba's compiled loops
+    turn a Ctrl-C arriving inside them into ``SystemError: CPUDispatcher(...) returned a result
+    with an exception set``, and one inside a storage write surfaces as the write's own error,
+    each with the KeyboardInterrupt as its cause or context."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False

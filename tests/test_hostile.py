@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _peak import cli, read_peak
 
 import mpsearch
 from mpsearch.cli import main
@@ -34,25 +35,6 @@ DATA = str(HERE / "fixtures" / "digits_eval.npz")
 PEAK_LIMIT_KB = 1 << 20  # 1 GiB, in kB
 
 
-#: Runs the CLI in the child and, at exit, writes the child's own peak RSS (VmHWM, kB) to the
-#: file named first. Not ru_maxrss: Linux carries the parent's peak into a child across exec.
-_PEAK_WRAPPER = """
-import atexit, sys
-peak_file = sys.argv[1]
-sys.argv = ["mpsearch", *sys.argv[2:]]
-
-def _peak():
-    with open("/proc/self/status") as f:
-        hwm = next(line for line in f if line.startswith("VmHWM:"))
-    with open(peak_file, "w") as f:
-        f.write(hwm.split()[1])
-
-atexit.register(_peak)
-from mpsearch.cli import main
-sys.exit(main())
-"""
-
-
 def _run(argv: list[str], tmp_path: Path) -> tuple[int, str, int]:
     """(exit code, stderr, peak RSS in kB) of ``mpsearch -q argv`` in a child process
     (-q: no progress bars on stderr)."""
@@ -60,9 +42,9 @@ def _run(argv: list[str], tmp_path: Path) -> tuple[int, str, int]:
     peak = tmp_path / "peak.kb"
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        proc = subprocess.run([sys.executable, "-c", _PEAK_WRAPPER, str(peak), "-q", *argv],
+        proc = subprocess.run(cli(peak, "-q", *argv),
                               stdout=stdout, stderr=stderr, cwd=tmp_path, env=env, check=False)
-    return proc.returncode, err.read_text(), int(peak.read_text())
+    return proc.returncode, err.read_text(), read_peak(peak)
 
 
 def _copy(name: str, tmp_path: Path) -> str:

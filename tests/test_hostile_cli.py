@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from _peak import cli, read_peak
 from onnx import TensorProto, helper, numpy_helper
 
 HERE = Path(__file__).resolve().parent
@@ -38,24 +39,22 @@ def _visible_lines(err: str) -> list[str]:
     return [seg.split("\r")[-1] for seg in err.split("\n") if seg.split("\r")[-1].strip()]
 
 
-def _wait(process: subprocess.Popen[bytes]) -> tuple[int, int]:
-    """(exit code, peak RSS in kB: an upper bound, Linux carries the parent's into a child)."""
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    return process.returncode, int(usage.ru_maxrss)
+def _wait(process: subprocess.Popen[bytes], peak: Path) -> tuple[int, int]:
+    """(exit code, the child's own peak RSS in kB)."""
+    return process.wait(), read_peak(peak)
 
 
-def _command(argv: list[str], *, quiet: bool = True, mount: tuple[str, Path] | None = None,
-             listing: Path | None = None) -> list[str]:
+def _command(argv: list[str], peak: Path, *, quiet: bool = True,
+             mount: tuple[str, Path] | None = None, listing: Path | None = None) -> list[str]:
     """``python -m mpsearch argv``; with ``mount`` (tmpfs options, folder), run in a private
     user and mount namespace over a tmpfs there, and list what is left in it to ``listing``."""
-    cli = [sys.executable, "-m", "mpsearch", *(["-q"] if quiet else []), *argv]
+    command = cli(peak, *(["-q"] if quiet else []), *argv)
     if mount is None:
-        return cli
+        return command
     options, folder = mount
     script = (f'mount -t tmpfs -o {options} tmpfs "{folder}" || exit 99; "$@"; code=$?; '
               f'ls -A "{folder}" > "{listing}"; exit $code')
-    return ["unshare", "--map-root-user", "--mount", "sh", "-c", script, "sh", *cli]
+    return ["unshare", "--map-root-user", "--mount", "sh", "-c", script, "sh", *command]
 
 
 def _run(argv: list[str], cwd: Path, *, mount: tuple[str, Path] | None = None
@@ -63,9 +62,10 @@ def _run(argv: list[str], cwd: Path, *, mount: tuple[str, Path] | None = None
     """(exit code, stderr, peak kB) of ``mpsearch -q argv`` run in ``cwd``."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(cwd / ".stderr", "wb") as err:
-        process = subprocess.Popen(_command(argv, mount=mount, listing=cwd / ".listing"),
+        process = subprocess.Popen(_command(argv, cwd / ".peak", mount=mount,
+                                            listing=cwd / ".listing"),
                                    cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err)
-        code, peak = _wait(process)
+        code, peak = _wait(process, cwd / ".peak")
     text = (cwd / ".stderr").read_text(errors="replace")
     (cwd / ".stderr").unlink()
     return code, text, peak
@@ -75,7 +75,11 @@ def _interrupt(argv: list[str], cwd: Path, stage: str) -> tuple[int, str, int]:
     """Run ``mpsearch argv`` with progress bars, send SIGINT once the ``stage`` bar shows
     progress; (exit code, stderr, peak kB)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(_command(argv, quiet=False), cwd=cwd, env=env,
+    # As from a terminal: SIGINT at its default in the child, whatever an earlier test left
+    # this process with (a child inherits an ignored SIGINT, and Python then never raises
+    # KeyboardInterrupt).
+    process = subprocess.Popen(_command(argv, cwd / ".peak", quiet=False), cwd=cwd, env=env,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert process.stderr is not None
     os.set_blocking(process.stderr.fileno(), False)
@@ -90,7 +94,7 @@ def _interrupt(argv: list[str], cwd: Path, stage: str) -> tuple[int, str, int]:
             break
     os.set_blocking(process.stderr.fileno(), True)
     rest = process.stderr.read()
-    code, peak = _wait(process)
+    code, peak = _wait(process, cwd / ".peak")
     text = (seen + rest).decode(errors="replace")
     assert sent, f"stage '{stage}' never showed: {text[-1500:]!r}"
     return code, text, peak
@@ -568,7 +572,8 @@ def test_ctrl_c_inside_a_numba_kernel_is_a_keyboard_interrupt(tmp_path: Path) ->
     """numba turns a Ctrl-C inside compiled code into a SystemError (the control, calling the
     compiled kernel directly); the public kernels raise KeyboardInterrupt instead."""
     result = subprocess.run([sys.executable, "-c", _KERNEL_INTERRUPT], capture_output=True,
-                            text=True, cwd=tmp_path, check=True, timeout=300)
+                            text=True, cwd=tmp_path, check=True, timeout=300,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = [tuple(line.split()) for line in result.stdout.splitlines()]
     assert ("raw", "SystemError") in seen, seen  # the interrupt did land inside numba
     assert [s for s in seen if s[0] == "wrapped"] == [("wrapped", "KeyboardInterrupt")] * 3

@@ -27,7 +27,7 @@ from mpsearch.cli._profiles import add_profiles_parser
 from mpsearch.cli._progress import close_bars
 from mpsearch.cli._report import add_report_parser
 from mpsearch.cli._serve import add_serve_parser
-from mpsearch.errors import MpsearchError
+from mpsearch.errors import MpsearchError, interrupted
 
 __all__ = ["main"]
 
@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     except BaseException as e:  # every way out: one line, the documented code, no half output
         close_bars()
-        if args.debug and not _interrupted(e):
+        if args.debug and not interrupted(e):
             raise
         code, line = _failure(e)
         if code in (2, 3, 130) and output is not None:
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _failure(error: BaseException) -> tuple[int, str]:
     """(exit code, stderr line) for an exception that ended a command."""
-    if _interrupted(error):
+    if interrupted(error):
         return 130, "mpsearch: interrupted"
     if isinstance(error, MpsearchError):
         return 2, f"mpsearch: error: {_one_line(str(error))}"
@@ -134,19 +134,6 @@ def _failure(error: BaseException) -> tuple[int, str]:
     lines = str(error).strip().splitlines()
     detail = f"{type(error).__name__}: {lines[0][:300]}" if lines else type(error).__name__
     return 3, f"mpsearch: internal error: {detail}; run with --debug for the traceback"
-
-
-def _interrupted(error: BaseException | None) -> bool:
-    """A KeyboardInterrupt, or an error caused by one (numba's compiled loops turn a Ctrl-C
-    arriving inside them into ``SystemError: CPUDispatcher(...) returned a result with an
-    exception set``, its cause the KeyboardInterrupt)."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, KeyboardInterrupt):
-            return True
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return False
 
 
 def _one_line(text: str) -> str:

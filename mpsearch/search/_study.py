@@ -42,7 +42,7 @@ import optuna
 
 from mpsearch.analysis import Measurement, Measurer, wilson_interval
 from mpsearch.assignment import Assignment, estimate_latency, make_assignment, model_size
-from mpsearch.errors import SearchError
+from mpsearch.errors import SearchError, interrupted
 from mpsearch.evaluate import is_proportion
 from mpsearch.pareto import Point, dominated_flags, matched, thin
 from mpsearch.profiles import measures_latency
@@ -63,6 +63,26 @@ from mpsearch.summary import ModelSummary
 __all__ = ["SearchResult", "TrialRecord", "race_stages", "run_search"]
 
 logger = logging.getLogger(__name__)
+
+
+class _QuietInterrupts(logging.Filter):
+    """Drops Optuna's two warnings about a trial a Ctrl-C cut short (its traceback, then its
+    value): the CLI says "interrupted" in one line, and the trial is retried on resume."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cut: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        trial = text.split(" failed with", 1)[0] if text.startswith("Trial ") else ""
+        if record.exc_info and interrupted(record.exc_info[1]) and trial:
+            self._cut.add(trial)
+            return False
+        return not (trial in self._cut and " failed with value" in text)
+
+
+logging.getLogger("optuna.study._optimize").addFilter(_QuietInterrupts())
 _WORKER = f"{socket.gethostname()}:{os.getpid()}"
 _FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
