@@ -27,9 +27,11 @@ FIXTURES = Path(__file__).parent / "fixtures"
 SAMPLES = 100
 #: TFLite requantizes with a 31-bit fixed-point multiplier and ONNX Runtime in float, so an
 #: output code may differ by a rounding step that later layers carry on; measured worst cases
-#: (100 digits): ResNet 1 step, MobileNetV2 2, the transformer 3 (its GELU rounds once where
-#: the QDQ chain rounds four times).
-MAX_STEPS = {"resnet": 1, "mobilenetv2": 2, "transformer": 3}
+#: (100 digits): ResNet 2 steps, MobileNetV2 2, the transformer 4 (its GELU rounds once where
+#: the QDQ chain rounds four times). These are for per-channel Gemm/MatMul weights (what the
+#: Ethos-U profiles ask for, as Vela 5.2.0 runs per-channel FULLY_CONNECTED on the NPU); with
+#: per-tensor weights the same tests measured ResNet 1 step and the transformer 3.
+MAX_STEPS = {"resnet": 2, "mobilenetv2": 2, "transformer": 4}
 
 
 def _prepared(name: str, digits: Dataset) -> Prepared:
