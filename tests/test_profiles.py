@@ -142,14 +142,29 @@ def test_tensorrt_has_no_int16_and_htp_has_fp16_on_chip() -> None:
     assert htp.format("fp32").executes == "accelerator"
 
 
-def test_ethos_u55_16x8_half_rate_and_u85_extends() -> None:
+def test_ethos_u55_16x8_cost_and_u85_extends() -> None:
+    # int16 costs: medians of Vela 5.2.0's whole-network int16/int8 cycle ratios (checked
+    # against Vela in tests/test_targets_vela.py)
     u55, u85 = load_profile("ethos_u55"), load_profile("ethos_u85")
-    assert u55.relative_cost("Conv", "int16", 100.0) == 200.0
+    assert u55.relative_cost("Conv", "int16", 100.0) == pytest.approx(115.0)
     assert u55.relative_cost("Conv", "int8", 100.0) == 100.0
-    assert u85.format("int16").relative_cost is None  # overridden by the child
+    assert u85.format("int16").relative_cost == 1.19  # overridden by the child
     assert u85.format("int16").activation == u55.format("int16").activation  # inherited
     assert "Gather" in u85.op_rules and "Gather" not in u55.op_rules
     assert u85.formats_for("HardSwish") == ("int8", "fp32")
+    assert u85.formats_for("Gelu") == ("int8", "fp32")  # Vela's GELU is 8-bit only
+
+
+def test_rk3588_float_is_fp16_on_the_npu() -> None:
+    # RKNN-Toolkit2 2.5.0 builds every float layer FLOAT16 on the NPU, fp32 at fp16's cycles,
+    # and crashes on INT8 attention Softmax (checked in tests/test_targets_rknn.py)
+    rk = load_profile("rk3588")
+    assert rk.format("fp32").executes == "accelerator"
+    assert rk.format("fp32").relative_cost == rk.format("fp16").relative_cost == 1.35
+    assert rk.formats_for("Softmax") == rk.formats_for("Erf") == ("fp16", "fp32")
+    assert rk.formats_for("Conv") == ("int8", "fp16", "fp32")
+    assert not any(f.activation.dtype.endswith("16") and not f.is_float
+                   for f in rk.formats.values())  # a 16-bit QDQ import is refused
 
 
 def test_edge_tpu_fallback_and_budget() -> None:
@@ -223,7 +238,9 @@ def test_weight_axis_and_weight_format() -> None:
     assert load_profile("qnn_htp").weight_axis("ConvTranspose", {}) == 1
     u55 = load_profile("ethos_u55")
     assert u55.weight_format("Conv", "int8").granularity == "per_channel"
-    assert u55.weight_format("Gemm", "int8").granularity == "per_tensor"
+    # per-channel FULLY_CONNECTED runs on the NPU (Vela 5.2.0; tests/test_targets_vela.py)
+    assert u55.weight_format("Gemm", "int8").granularity == "per_channel"
+    assert load_profile("qnn_htp").weight_format("Gemm", "int8").granularity == "per_tensor"
     assert u55.weight_format("Gemm", "fp32").is_float
 
 

@@ -174,6 +174,32 @@ def test_demo_mixed_fp16_layers_run_in_fp16(demo: Prepared, tmp_path: Path) -> N
 
 
 @needs_rknn
+def test_profile_float_formats_against_the_toolkit(demo: Prepared, tmp_path: Path) -> None:
+    """rk3588.yaml's float claims against the toolkit's layer table and cycle estimates: fp32
+    and fp16 both build every layer FLOAT16 on the NPU at the same cycles (fp32 executes on
+    the accelerator in fp16), and fp16's relative_cost is within 5 % of the demo's fp16 /
+    int8 cycle ratio."""
+    cycles = {}
+    for fmt in ("int8", "fp16", "fp32"):
+        chosen = dict(uniform_assignment(demo.graph, demo.profile, fmt))
+        model = demo.quantizer().build(make_assignment(demo.graph, demo.profile, chosen))
+        compiled = _compile(demo, model, tmp_path / fmt)
+        assert not compiled.fallback
+        cycles[fmt] = compiled.cost["cycles"]
+        if fmt == "int8":
+            continue
+        assert {(p.unit, p.precision) for p in compiled.placements} == {("accelerator", "fp16")}
+        for name in (n.name for n in model.graph.node if n.op_type == "Conv"):
+            assert " FLOAT16 " in _row(compiled.log, name)
+    assert demo.profile.format("fp32").executes == "accelerator"
+    assert cycles["fp32"] == cycles["fp16"]
+    assert demo.profile.format("fp32").relative_cost == demo.profile.format("fp16").relative_cost
+    claim = demo.profile.format("fp16").relative_cost
+    ratio = cycles["fp16"] / cycles["int8"]
+    assert claim is not None and abs(ratio - claim) <= 0.05 * ratio, (ratio, claim)
+
+
+@needs_rknn
 def test_fixture_mobilenetv2_int8_simulates_as_onnxruntime(tmp_path: Path) -> None:
     prepared = _prepared(FIXTURES / "mobilenetv2.onnx", FIXTURES / "digits_eval.npz")
     model = _qdq(prepared)

@@ -157,6 +157,8 @@ def lower_qdq(low: Lowering, node: onnx.NodeProto) -> None:
     an alias when the value is already on its grid, else a QUANTIZE operator."""
     q = low.qparams(node)
     src, out = node.input[0], node.output[0]
+    if src not in low.inits and src not in low.values and low.unsupported:
+        return  # its producer has no TFLite equivalent: lower() names it and stops
     if node.op_type == "DequantizeLinear":
         if src in low.inits:
             codes = low.inits[src]

@@ -213,6 +213,12 @@ def _unary(code: str, options: str | None = None, **fields: object
     return write
 
 
+def _gelu(n: Node) -> list[Value]:
+    approximate = n.attr("approximate", "none")
+    approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
+    return _unary("GELU", "GeluOptions", approximate=approximate == "tanh")(n)
+
+
 def _clip(n: Node) -> list[Value]:
     lo, hi = n.const_array(1), n.const_array(2)
     bounds = (None if lo is None else float(lo), None if hi is None else float(hi))
@@ -291,7 +297,8 @@ WRITERS: dict[str, Callable[[Node], list[Value]]] = {
     "Div": _elementwise("DIV", "DivOptions", fused_activation_function=0),
     "Max": _elementwise("MAXIMUM"), "Min": _elementwise("MINIMUM"),
     "Relu": _unary("RELU"), "Clip": _clip, "Sigmoid": _unary("LOGISTIC"),
-    "Tanh": _unary("TANH"), "HardSwish": _unary("HARD_SWISH"), "Exp": _unary("EXP"),
+    "Tanh": _unary("TANH"), "HardSwish": _unary("HARD_SWISH"), "Gelu": _gelu,
+    "Exp": _unary("EXP"),
     "Abs": _unary("ABS"), "Neg": _unary("NEG"), "Sqrt": _unary("SQRT"),
     "Softmax": _softmax, "GlobalAveragePool": _global_pool, "ReduceMean": _reduce("MEAN"),
     "ReduceSum": _reduce("SUM"), "Reciprocal": _reciprocal,

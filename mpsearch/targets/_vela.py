@@ -133,7 +133,11 @@ class VelaToolchain:
                 x = np.asarray(inputs[name][k:k + 1], np.float32)
                 interpreter.set_tensor(detail["index"], _quantize(
                     x.transpose(0, 2, 3, 1) if nhwc else x, detail))
-            interpreter.invoke()
+            try:
+                interpreter.invoke()
+            except RuntimeError as e:  # e.g. no int16 kernel for an operator
+                first = str(e).strip().splitlines()[0]
+                raise TargetError(f"TFLite cannot run {workdir / 'model.tflite'}: {first}") from e
             for i, (detail, nhwc) in enumerate(zip(outputs, sig["nhwc_outputs"], strict=True)):
                 y = _dequantize(interpreter.get_tensor(detail["index"]), detail)
                 results[i].append(y.transpose(0, 3, 1, 2) if nhwc else y)
