@@ -3,12 +3,14 @@
 Each probe is one TFLite operator (written with mpsearch's TFLite writer) on a [1, 8, 8, 16]
 feature map in a given activation type and zero point; Vela says NPU or CPU and why, and
 TFLite's builtin kernels say whether they accept the file at all (the CPU fallback runs
-those kernels). Used by ``bench_targets_vela.py``; ``python benchmarks/vela_probes.py`` prints
-the table alone.
+those kernels). A concept of its own (the profile's claims one operator at a time, not models
+through the toolchain: that is ``bench_targets.py``). ``python benchmarks/vela_probes.py``
+writes benchmarks/results/vela_probes.md (``--no-write`` prints only).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,13 +19,16 @@ from tempfile import TemporaryDirectory
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import publish  # noqa: E402
 
-from mpsearch.targets import TargetError  # noqa: E402
+from mpsearch.targets import TargetError, VelaToolchain  # noqa: E402
 from mpsearch.targets._tflite_flat import FlatModel, FlatTensor  # noqa: E402
 from mpsearch.targets._vela import _interpreter, run_vela, vela_flags  # noqa: E402
 from mpsearch.targets._vela_report import read_report  # noqa: E402
 
 SHAPE = (1, 8, 8, 16)
+ACCELERATORS = ("ethos-u55-128", "ethos-u85-256")
 
 
 def _act(m: FlatModel, name: str, dtype: str, zero: int, shape: tuple[int, ...] = SHAPE,
@@ -152,5 +157,21 @@ def probe_rows(accelerators: tuple[str, ...], log: Callable[[str], None] = print
     return rows
 
 
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    rows = probe_rows(ACCELERATORS, log=lambda _: None)
+    text = "\n".join([
+        "# Ethos-U profile claims checked through Vela, one operator per probe", "",
+        f"Vela {VelaToolchain().version()}. Each probe is one TFLite operator on a "
+        "[1, 8, 8, 16] feature map. `Vela` is its placement and reason; `TFLite` says whether "
+        "TFLite's kernels (the CPU fallback's) accept the file.", "",
+        "| claim probed | operator | accelerator | Vela | Vela's reason | TFLite |",
+        "|---|---|---|---|---|---|", *rows])
+    publish("vela_probes", text, not args.no_write)
+    return 0
+
+
 if __name__ == "__main__":
-    probe_rows(("ethos-u55-128", "ethos-u85-256"))
+    raise SystemExit(main())
