@@ -168,6 +168,9 @@ def lower_qdq(low: Lowering, node: onnx.NodeProto) -> None:
         return
     if node.name in low.fused:
         return
+    if src not in low.values:  # a producer the writer passed over without writing a value
+        low.refuse(node, f"its input {src!r} was not written: its producer has no lowering")
+        return
     value = low.values[src]
     if value.constant:
         real = value.real()
