@@ -28,6 +28,7 @@ from mpsearch.analysis import (
 )
 from mpsearch.assignment import (
     Assignment,
+    assignment_key,
     estimate_latency,
     make_assignment,
     model_size,
@@ -224,15 +225,21 @@ class _Clock:
         if not self.timed:
             return out
         held = self.held
+        # One timing per distinct model: a front point that is a baseline's own configuration
+        # gets the baseline's very figures, so timing noise never makes one beat the other.
+        keys = [assignment_key(held.canonical(a)) for a in assignments]
+        distinct = {key: a for key, a in zip(keys, assignments, strict=True)}
         sessions = [held.evaluator.session(held.quantizer.build(
-            held.canonical(a), stand_ins=held.evaluator.stand_ins)) for a in assignments]
+            held.canonical(a), stand_ins=held.evaluator.stand_ins)) for a in distinct.values()]
         one = next(iter(held.data.batches(1, stop=1)))
         many = next(iter(held.data.batches(self.batch, stop=self.batch)))
-        single = time_runs([partial(s.run, one) for s in sessions])
-        batched = time_runs([partial(s.run, many) for s in sessions])
-        self.fp32_seconds = single[0].seconds
-        for entry, t1, tn in zip(out, single, batched, strict=True):
-            entry["latency"] = t1.seconds / single[0].seconds
+        timed = dict(zip(distinct, zip(time_runs([partial(s.run, one) for s in sessions]),
+                                       time_runs([partial(s.run, many) for s in sessions]),
+                                       strict=True), strict=True))
+        self.fp32_seconds = timed[keys[0]][0].seconds
+        for entry, key in zip(out, keys, strict=True):
+            t1, tn = timed[key]
+            entry["latency"] = t1.seconds / self.fp32_seconds
             entry["latency_ms"], entry["latency_ms_interval"] = 1e3 * t1.seconds, t1.interval_ms
             entry["batch_latency_ms"] = 1e3 * tn.seconds
             entry["batch_latency_ms_interval"] = tn.interval_ms

@@ -81,7 +81,9 @@ def test_latency_is_known_only_where_every_cost_is() -> None:
     from mpsearch.profiles import list_profiles, load_profile
 
     reasons = {name: latency_unknown_reason(load_profile(name)) for name in list_profiles()}
-    assert sorted(n for n, why in reasons.items() if why is None) == ["x86_ort", "x86_ort_avx2"]
+    # rk3588's costs come from its toolkit's cycle estimates (docs/targets.md)
+    assert sorted(n for n, why in reasons.items() if why is None) == [
+        "rk3588", "x86_ort", "x86_ort_avx2"]
     transformer = {n.op_type for n in onnx.load(FIXTURES / "transformer.onnx").graph.node}
     assert latency_unknown_reason(load_profile("x86_ort"), transformer) == (
         "profile 'x86_ort' has no known relative_cost for int8 on Div, int8 on "
