@@ -8,7 +8,7 @@ split's measurer; produces the analysis files and the typed :class:`~mpsearch.ru
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any, TypedDict
@@ -87,9 +87,11 @@ def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult
     graph, profile = held.quantizer.graph, held.quantizer.profile
     int8 = uniform_assignment(graph, profile, profile.lowest_formats()[0])
     searched = {n for g in group_nodes(graph, profile, spec.formats) for n in g.nodes}
+    uniforms = _uniform_assignments(graph, profile)
+    records = _with_uniform_trials(result, uniforms, held, _feasible(spec, profile, searched_by))
     points = []
-    total = len(result.front) + 1
-    for index, record in enumerate(result.front):
+    total = len(records) + 1
+    for index, record in enumerate(records):
         if progress is not None:
             progress(Progress(stage="held-out", done=index, total=total, unit="step"))
         assignment = make_assignment(graph, profile, record.assignment)
@@ -97,7 +99,6 @@ def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult
         point = _point(record, index, measured.metrics, held.evaluator.primary.name, int8,
                        searched)
         points.append(replace(point, interval=_interval(held, assignment, measured, spec.seed)))
-    uniforms = _uniform_assignments(graph, profile)
     metrics = {fmt: held.measure(assignment).value for fmt, assignment in uniforms.items()}
     if progress is not None:
         progress(Progress(stage="held-out", done=total - 1, total=total, unit="step"))
@@ -123,12 +124,55 @@ def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult
     return replace(front, recommended=chosen, recommendation=line)
 
 
-def _limits(spec: SearchSpec, profile: HardwareProfile, result: SearchResult) -> Limits:
-    """The spec's constraints, and why the search ended, for :func:`recommend`."""
+def _with_uniform_trials(result: SearchResult, uniforms: Mapping[str, Assignment],
+                         held: Measurer, feasible: Callable[[TrialRecord], bool]
+                         ) -> list[TrialRecord]:
+    """The searched front plus the search's own completed, ``feasible`` trials of the uniform
+    baselines it left off (on the search split a same-size neighbour can push one off), by
+    size: a baseline is a candidate of the front itself, and may well be the answer."""
+    records = list(result.front)
+    have = {assignment_key(held.canonical(r.assignment)) for r in records}
+    wanted = {assignment_key(held.canonical(a)) for a in uniforms.values()}
+    for record in result.trials:
+        key = assignment_key(held.canonical(record.assignment))
+        if (record.state == "complete" and key in wanted and key not in have
+                and feasible(record)):
+            records.append(record)
+            have.add(key)
+    return sorted(records, key=lambda r: (r.size, r.trial))
+
+
+def _feasible(spec: SearchSpec, profile: HardwareProfile, searched_by: Measurer
+              ) -> Callable[[TrialRecord], bool]:
+    """Whether a trial met the spec's constraints on the search split, as the search judged
+    its front: the metric floor (``min_metric``, FP32's minus ``max_metric_drop``) and the
+    size limit."""
+    higher = searched_by.higher_is_better
+    floors = [] if spec.min_metric is None else [spec.min_metric]
+    if spec.max_metric_drop is not None:
+        fp32 = searched_by.fp32().value
+        floors.append(fp32 - spec.max_metric_drop if higher else fp32 + spec.max_metric_drop)
+    floor = None if not floors else (max(floors) if higher else min(floors))
+    max_size = _max_size(spec, profile)
+
+    def feasible(record: TrialRecord) -> bool:
+        if record.metric is None or (max_size is not None and record.size > max_size):
+            return False
+        return floor is None or (record.metric >= floor if higher else record.metric <= floor)
+    return feasible
+
+
+def _max_size(spec: SearchSpec, profile: HardwareProfile) -> int | None:
+    """The size limit: the spec's, and the profile's memory budget when it is to be kept."""
     max_size = spec.max_size_bytes
     if spec.use_memory_budget and profile.memory_budget_bytes is not None:
         budget = profile.memory_budget_bytes
         max_size = budget if max_size is None else min(max_size, budget)
+    return max_size
+
+
+def _limits(spec: SearchSpec, profile: HardwareProfile, result: SearchResult) -> Limits:
+    """The spec's constraints, and why the search ended, for :func:`recommend`."""
     finished = sum(r.state in ("complete", "pruned") for r in result.trials)
     if result.stopped:
         stop = result.stopped
@@ -138,7 +182,7 @@ def _limits(spec: SearchSpec, profile: HardwareProfile, result: SearchResult) ->
     else:
         stop = f"trial budget used ({finished} trials)"
     return Limits(min_metric=spec.min_metric, max_metric_drop=spec.max_metric_drop,
-                  max_size=max_size, stop=stop)
+                  max_size=_max_size(spec, profile), stop=stop)
 
 
 def _uniform_assignments(graph: ModelGraph, profile: HardwareProfile) -> dict[str, Assignment]:
