@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from functools import partial
 from typing import Any, TypedDict
 
 from mpsearch._recommend import Limits, recommend
@@ -35,7 +34,7 @@ from mpsearch.assignment import (
     table_format,
     uniform_assignment,
 )
-from mpsearch.clock import time_runs
+from mpsearch.clock import SPREAD_SECONDS, time_runs
 from mpsearch.errors import QuantizationError
 from mpsearch.evaluate import is_proportion
 from mpsearch.graph import ModelGraph
@@ -277,8 +276,9 @@ class _Clock:
             held.canonical(a), stand_ins=held.evaluator.stand_ins)) for a in distinct.values()]
         one = next(iter(held.data.batches(1, stop=1)))
         many = next(iter(held.data.batches(self.batch, stop=self.batch)))
-        timed = dict(zip(distinct, zip(time_runs([partial(s.run, one) for s in sessions]),
-                                       time_runs([partial(s.run, many) for s in sessions]),
+        timings = time_runs([s.run for s in sessions] * 2,
+                            [one] * len(sessions) + [many] * len(sessions), span=SPREAD_SECONDS)
+        timed = dict(zip(distinct, zip(timings[:len(sessions)], timings[len(sessions):],
                                        strict=True), strict=True))
         self.fp32_seconds = timed[keys[0]][0].seconds
         for entry, key in zip(out, keys, strict=True):

@@ -17,7 +17,6 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -529,8 +528,7 @@ def _build(prepared: Prepared, assignment: Assignment, out: str | Path, data: Da
         latency: tuple[float | None, ...] = (None, None)
         if measures_latency(profile):
             sessions = (evaluator.session(model), evaluator.session(graph.model))
-            latency = tuple(t.seconds
-                            for t in time_runs([partial(s.run, feeds) for s in sessions]))
+            latency = tuple(t.seconds for t in time_runs([s.run for s in sessions], feeds))
         return BuiltModel(
             path=Path(out), assignment=assignment,
             evaluation=evaluator.evaluate(onnx.load(str(out))), fp32=evaluator.fp32(),

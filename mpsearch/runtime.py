@@ -32,6 +32,7 @@ ort.set_default_logger_severity(3)
 
 #: Session option: draw memory from the allocators registered with ONNX Runtime's environment.
 _USE_ENV_ALLOCATORS = "session.use_env_allocators"
+_ALLOW_SPINNING = "session.intra_op.allow_spinning"
 _pool_lock = threading.Lock()
 _pool_ready = False
 
@@ -229,7 +230,7 @@ class Session:
     def time_batch(self, feeds: Mapping[str, np.ndarray], repeat: int = ROUNDS) -> float:
         """Median seconds for one run of ``feeds`` over ``repeat`` runs after a warm-up
         (:mod:`mpsearch.clock`)."""
-        return time_runs([lambda: self.run(feeds)], rounds=repeat)[0].seconds
+        return time_runs([self.run], feeds, rounds=repeat)[0].seconds
 
 
 def create_session(
@@ -245,7 +246,11 @@ def create_session(
     """Open a CPU session. ``extra_outputs`` exposes intermediate tensors as outputs;
     ``shared``: a ``ModelProto``'s initializers equal to those are read from its file;
     ``pooled``: memory from the process's one pool (:func:`_memory_pool`), for the many
-    short-lived sessions of measurements (not for calibration's, whose peak it would keep)."""
+    short-lived sessions of measurements (not for calibration's, whose peak it would keep).
+
+    The intra-op threads never spin: mpsearch keeps many sessions open at once and runs them
+    in turn, and a spinning pool of one steals the cores of the next, so that identical sessions
+    timed in turn differed several-fold (``benchmarks/bench_clock.py``)."""
     if extra_outputs:
         proto = model if isinstance(model, onnx.ModelProto) else _load(model)
         model = with_outputs(proto, extra_outputs)
@@ -256,6 +261,7 @@ def create_session(
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    options.add_session_config_entry(_ALLOW_SPINNING, "0")
     options.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
