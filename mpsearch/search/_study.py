@@ -440,7 +440,7 @@ def run_search(
     patience = settings.patience
     if patience is not None and _finished(study) < settings.trials and unmoved >= patience:
         stopped = (f"the front did not change in the last {unmoved} trials: stopped after "
-                   f"{_finished(study)} trials (budget.patience {patience}; 0 runs every "
+                   f"{_finished(study)} trials (budget.patience {patience}; set 0 to run every "
                    "trial)")
         logger.info("search: %s", stopped)
     front = _front(records, min_metric, higher, objective.score_higher)
