@@ -1,7 +1,12 @@
-"""Fixtures shared by the test modules: the committed fixture zoo and its digits data."""
+"""Fixtures shared by the test modules: the committed fixture zoo, its digits data, and a
+fresh PostgreSQL schema for the multi-worker tests."""
 
 from __future__ import annotations
 
+import os
+import socket
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,3 +26,32 @@ def fixtures_dir() -> Path:
 def digits() -> Dataset:
     """The 450 held-out scikit-learn digits every fixture model was scored on."""
     return load_data(FIXTURES / "digits_eval.npz")
+
+
+def _postgres_url() -> str | None:
+    """``$MPSEARCH_TEST_POSTGRES``, else the database ``.ci/run`` creates when a server listens
+    on 127.0.0.1:5432, else None."""
+    url = os.environ.get("MPSEARCH_TEST_POSTGRES")
+    if url:
+        return url
+    try:
+        socket.create_connection(("127.0.0.1", 5432), timeout=1).close()
+    except OSError:
+        return None
+    return "postgresql://mpsearch:mpsearch@127.0.0.1:5432/mpsearch"
+
+
+@pytest.fixture
+def postgres_study() -> Iterator[tuple[str, str]]:
+    """``(storage URL, study name)``: a new empty schema of its own on the test server, so that
+    workers create Optuna's tables at once without meeting another test's (optuna#1092)."""
+    base = _postgres_url()
+    if base is None:
+        pytest.skip("no PostgreSQL on 127.0.0.1:5432 (.ci/run starts one)")
+    psycopg = pytest.importorskip("psycopg")
+    study = f"t{os.getpid()}_{time.time_ns()}"
+    with psycopg.connect(base, autocommit=True) as connection:
+        connection.execute(f"CREATE SCHEMA {study}")
+    yield f"{base}?options=-csearch_path%3D{study}", study
+    with psycopg.connect(base, autocommit=True) as connection:
+        connection.execute(f"DROP SCHEMA {study} CASCADE")

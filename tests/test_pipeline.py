@@ -219,8 +219,8 @@ def test_patience_ends_the_search_when_the_front_stops_moving(tmp_path: Path) ->
     seeds = max(i for i, r in enumerate(trials) if r.source not in ("sampler", "front neighbour"))
     assert len(trials) - 1 - max(moved, seeds) == 4  # stopped at the first trial it could
     assert run.front.stopped == (f"the front did not change in the last 4 trials: stopped "
-                                 f"after {len(trials)} trials (budget.patience 4; set 0 to run every "
-                                 "trial)")
+                                 f"after {len(trials)} trials (budget.patience 4; set 0 to run "
+                                 "every trial)")
     assert RunDir(run.run_dir).read_front().stopped == run.front.stopped
     resumed = search_run(spec, tmp_path / "run", resume=True)
     assert len(resumed.result.trials) == len(trials)

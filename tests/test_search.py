@@ -6,10 +6,8 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -280,28 +278,10 @@ def test_killed_search_resumes_with_every_finished_trial(tmp_path: Path) -> None
     assert len(finished) == 24
 
 
-def _postgres_url() -> str | None:
-    url = os.environ.get("MPSEARCH_TEST_POSTGRES")
-    if url:
-        return url
-    try:
-        socket.create_connection(("127.0.0.1", 5432), timeout=1).close()
-    except OSError:
-        return None
-    return "postgresql://mpsearch:mpsearch@127.0.0.1:5432/mpsearch"
 
-
-@pytest.mark.skipif(_postgres_url() is None, reason="no PostgreSQL on 127.0.0.1:5432 "
-                    "(.ci/run starts one)")
-def test_two_workers_share_one_postgres_study(tmp_path: Path) -> None:
-    psycopg = pytest.importorskip("psycopg")
-    base = _postgres_url()
-    assert base is not None
-    study = f"t{os.getpid()}_{int(time.time())}"
-    # A schema of its own, empty: both workers create Optuna's tables at once (optuna#1092).
-    with psycopg.connect(base, autocommit=True) as connection:
-        connection.execute(f"CREATE SCHEMA {study}")
-    url = f"{base}?options=-csearch_path%3D{study}"
+def test_two_workers_share_one_postgres_study(tmp_path: Path,
+                                              postgres_study: tuple[str, str]) -> None:
+    url, study = postgres_study
     spec = _spec(tmp_path, trials=16)
     workers = [subprocess.Popen(
         [sys.executable, "-m", "mpsearch", "-q", "search", str(spec), "--out",
@@ -316,8 +296,6 @@ def test_two_workers_share_one_postgres_study(tmp_path: Path) -> None:
     assert len(finished) >= 16
     workers_seen = {t.user_attrs.get("worker") for t in finished}
     assert len(workers_seen) == 2, workers_seen
-    with psycopg.connect(base, autocommit=True) as connection:
-        connection.execute(f"DROP SCHEMA {study} CASCADE")
     shutil.rmtree(tmp_path / "w0", ignore_errors=True)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,6 @@ import warnings
 from pathlib import Path
 
 import optuna
-import pytest
 
 HERE = Path(__file__).resolve().parent
 MODEL = HERE / "fixtures" / "resnet.onnx"
@@ -39,16 +37,6 @@ accuracy.proportion = True
 '''
 
 
-def _postgres_url() -> str | None:
-    url = os.environ.get("MPSEARCH_TEST_POSTGRES")
-    if url:
-        return url
-    try:
-        socket.create_connection(("127.0.0.1", 5432), timeout=1).close()
-    except OSError:
-        return None
-    return "postgresql://mpsearch:mpsearch@127.0.0.1:5432/mpsearch"
-
 
 def _running(url: str, study: str) -> list[int]:
     """The RUNNING trials that started over 0.3 s ago: their heartbeat is recorded (Optuna
@@ -64,16 +52,9 @@ def _running(url: str, study: str) -> list[int]:
         if t.datetime_start is not None and (now - t.datetime_start).total_seconds() > 0.3]
 
 
-@pytest.mark.skipif(_postgres_url() is None, reason="no PostgreSQL on 127.0.0.1:5432 "
-                    "(.ci/run starts one)")
-def test_killed_postgres_worker_trial_is_failed_and_retried(tmp_path: Path) -> None:
-    psycopg = pytest.importorskip("psycopg")
-    base = _postgres_url()
-    assert base is not None
-    study = f"kill{os.getpid()}_{int(time.time())}"
-    with psycopg.connect(base, autocommit=True) as connection:
-        connection.execute(f"CREATE SCHEMA {study}")
-    url = f"{base}?options=-csearch_path%3D{study}"
+def test_killed_postgres_worker_trial_is_failed_and_retried(
+        tmp_path: Path, postgres_study: tuple[str, str]) -> None:
+    url, study = postgres_study
     (tmp_path / "slow_metric.py").write_text(SLOW_METRIC)
     spec = tmp_path / "spec.yaml"
     spec.write_text(
@@ -110,8 +91,6 @@ def test_killed_postgres_worker_trial_is_failed_and_retried(tmp_path: Path) -> N
             if worker.poll() is None:
                 worker.kill()
                 worker.wait()
-        with psycopg.connect(base, autocommit=True) as connection:
-            connection.execute(f"DROP SCHEMA {study} CASCADE")
     states = {t.number: t.state for t in trials}
     assert optuna.trial.TrialState.RUNNING not in states.values(), states
     failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
