@@ -10,8 +10,9 @@ from the run's calibration split; prints one RESULTS.md row of file sizes and he
 ``--compare-recovery``: instead, per key, the same search twice, with the default ``recovery:
 auto`` and with ``recovery: off``, and their held-out fronts' hypervolumes in one box (metric
 up from the lowest of either front and the baselines, size up to 1.01x FP32's); with
-``--write``, the table goes to ``benchmarks/results/corpus_search.md`` (whole, with the command,
-commit, CPU int8 instruction set and onnxruntime version).
+``--write``, the table goes to ``benchmarks/results/corpus_search.md``, or with ``--part NAME``
+to ``corpus_search_NAME.md`` (whole, with the command, commit, CPU int8 instruction set and
+onnxruntime version): a run on another set of models regenerates its own table only.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def compare_one(key: str, out: Path, trials: int) -> str:
             f"{runs['auto'][1]:.1f} / {runs['off'][1]:.1f} min |")
 
 
-def compare(keys: list[str], out: Path, trials: int, write: bool) -> None:
+def compare(keys: list[str], out: Path, trials: int, write: bool, part: str) -> None:
     """The comparison table, printed row by row and (``write``) rewritten after each row."""
     lines = ["| model | metric | recovery: auto decided | held-out hypervolume, auto | "
              "same, off | auto / off | auto vs off | wall (auto / off) |",
@@ -102,7 +103,7 @@ def compare(keys: list[str], out: Path, trials: int, write: bool) -> None:
     for key in keys:
         lines.append(compare_one(key, out / key, trials))
         print(lines[-1], flush=True)
-        publish("corpus_search", "# Recovery auto against off, corpus searches\n\n"
+        publish(f"corpus_search{part}", "# Recovery auto against off, corpus searches\n\n"
                 + "\n".join(lines) + "\n", write, command=command, echo=False)
 
 
@@ -115,9 +116,11 @@ def main() -> None:
                         help="search each key with recovery auto and off; compare hypervolumes")
     parser.add_argument("--write", action="store_true",
                         help="with --compare-recovery: write benchmarks/results/corpus_search.md")
+    parser.add_argument("--part", help="with --write: write corpus_search_PART.md instead")
     args = parser.parse_args()
     if args.compare_recovery:
-        compare(args.keys, args.out, args.trials, args.write)
+        compare(args.keys, args.out, args.trials, args.write,
+                f"_{args.part}" if args.part else "")
         return
     print("| model | search metric | wall time | smallest front point (file) | its metric | "
           "ORT INT8 (file) | uniform INT8 metric | uniform INT8 (file) |")

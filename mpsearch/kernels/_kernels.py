@@ -21,8 +21,8 @@ import os
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
-# Sleeping, not spinning, OpenMP workers: on few shared cores (ONNX Runtime's pool runs between
-# kernel calls) spinning workers cost ~50 ms per parallel region. Must precede numba's pool.
+# Sleeping, not spinning, OpenMP workers: on few shared cores ONNX Runtime's pool runs between
+# kernel calls, and a spinning worker holds the core it needs. Must precede numba's pool.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numba  # noqa: E402
