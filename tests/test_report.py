@@ -8,10 +8,7 @@ import html
 import json
 import os
 import re
-import select
 import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -439,141 +436,39 @@ def test_report_of_a_real_demo_analysis(tmp_path: Path) -> None:
 
 
 # -- the page in a real browser -----------------------------------------------------------
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--disable-quic", "--hide-scrollbars",
-                  "--remote-debugging-pipe")
 CHARTS = {"chart-op-types", "chart-flops", "chart-sensitivity", "chart-reverse",
           "chart-distribution", "chart-curve", "chart-front"}
 
 
-class Browser:
-    """Headless Chromium driven over the DevTools protocol on a pipe (fds 3 and 4): no
-    WebDriver, no pip package, no network port."""
+class Page:
+    """A report page in the ``chromium`` fixture's browser, with what it logged: uncaught
+    exceptions, console errors (failed loads among them) and every URL it requested."""
 
-    def __init__(self, profile: Path, log: Path, width: int, height: int) -> None:
-        assert CHROMIUM is not None
-        child_in, self._out = os.pipe()
-        self._in, child_out = os.pipe()
-        self._log = log
-        with log.open("wb") as stderr:
-            self._proc = subprocess.Popen(
-                ["bash", "-c", f'exec "$0" "$@" 3<&{child_in} 4>&{child_out}', CHROMIUM,
-                 *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-                 f"--window-size={width},{height}", "about:blank"],
-                pass_fds=(child_in, child_out), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=stderr)
-        os.close(child_in)
-        os.close(child_out)
-        self._buffer = b""
-        self._next = 0
-        self.session: str | None = None
-        self.events: list[dict[str, Any]] = []
-        target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
-        self.session = self.call("Target.attachToTarget",
-                                 {"targetId": target, "flatten": True})["sessionId"]
-        for domain in ("Page", "Runtime", "Log", "Network"):
-            self.call(f"{domain}.enable")
-        self.call("Emulation.setDeviceMetricsOverride",
-                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+    def __init__(self, chromium: Any) -> None:
+        self.page = chromium.new_page()
+        self.page.set_viewport_size({"width": 1366, "height": 800})
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("console", lambda m: self.errors.append(m.text)
+                     if m.type in ("error", "assert") else None)
+        self.page.on("request", lambda r: self.requests.append(r.url))
 
-    def close(self) -> None:
-        try:
-            self._proc.terminate()
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-        os.close(self._in)
-        os.close(self._out)
-
-    def _read(self, deadline: float) -> dict[str, Any]:
-        while b"\0" not in self._buffer:
-            ready, _, _ = select.select([self._in], [], [], max(0.0, deadline - time.time()))
-            if not ready:
-                raise TimeoutError("no answer from chromium")
-            chunk = os.read(self._in, 1 << 20)
-            if not chunk:
-                raise RuntimeError(f"chromium exited: {self._log.read_text()[-2000:]}")
-            self._buffer += chunk
-        raw, _, self._buffer = self._buffer.partition(b"\0")
-        return json.loads(raw)  # type: ignore[no-any-return]
-
-    def call(self, method: str, params: dict[str, Any] | None = None,
-             timeout: float = 30.0) -> dict[str, Any]:
-        self._next += 1
-        message: dict[str, Any] = {"id": self._next, "method": method, "params": params or {}}
-        if self.session is not None:
-            message["sessionId"] = self.session
-        os.write(self._out, json.dumps(message).encode() + b"\0")
-        deadline = time.time() + timeout
-        while True:
-            reply = self._read(deadline)
-            if reply.get("id") == self._next:
-                if "error" in reply:
-                    raise RuntimeError(f"{method}: {reply['error']}")
-                return reply.get("result", {})  # type: ignore[no-any-return]
-            self.events.append(reply)
-
-    def evaluate(self, expression: str) -> Any:
-        result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                                "awaitPromise": True})
-        if "exceptionDetails" in result:
-            raise RuntimeError(f"{expression[:60]}...: {result['exceptionDetails']}")
-        return result["result"].get("value")
-
-    def wait_for(self, expression: str, timeout: float = 60.0) -> Any:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            value = self.evaluate(expression)
-            if value:
-                return value
-            time.sleep(0.05)
-        raise TimeoutError(f"waited {timeout} s for {expression}")
-
-    def open(self, page: Path) -> str:
-        """Load ``page``; wait until its script has drawn every chart (or failed); no errors."""
-        self.call("Page.navigate", {"url": page.as_uri()})
+    def open(self, report: Path) -> str:
+        """Load ``report``; wait until its script has drawn every chart (or failed); no errors."""
+        self.page.goto(report.as_uri())
         drawn = self.wait_for("document.body && (document.body.getAttribute('data-drawn') || "
                               "(window.mpsearchErrors || []).length && 'failed')")
-        assert self.errors() == []
-        assert self.evaluate("window.mpsearchErrors") == []
+        assert self.errors == []
+        assert self.page.evaluate("window.mpsearchErrors") == []
         return str(drawn)
 
-    def mouse(self, kind: str, x: float, y: float) -> None:
-        params: dict[str, Any] = {"type": kind, "x": x, "y": y}
-        if kind != "mouseMoved":
-            params.update(button="left", clickCount=1)
-        self.call("Input.dispatchMouseEvent", params)
+    def evaluate(self, expression: str) -> Any:
+        return self.page.evaluate(expression)
 
-    def errors(self) -> list[str]:
-        found = []
-        for event in self.events:
-            method, params = event.get("method"), event.get("params", {})
-            if method == "Runtime.exceptionThrown":
-                found.append(json.dumps(params["exceptionDetails"])[:500])
-            elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error",
-                                                                                  "assert"):
-                found.append(json.dumps(params.get("args"))[:500])
-            elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
-                found.append(params["entry"].get("text", ""))
-        return found
-
-    def requests(self) -> list[str]:
-        return [e["params"]["request"]["url"] for e in self.events
-                if e.get("method") == "Network.requestWillBeSent"]
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Browser]:
-    if CHROMIUM is None:
-        pytest.skip("chromium is not installed (apt-get install chromium); CI installs it")
-    chromium = Browser(tmp_path / "chromium-profile", tmp_path / "chromium.log", 1366, 800)
-    try:
-        yield chromium
-    finally:
-        chromium.close()
+    def wait_for(self, expression: str) -> Any:
+        """The first truthy value of ``expression``, polled until the default timeout."""
+        return self.page.wait_for_function(expression).json_value()
 
 
 _CHARTS_JS = """Array.from(document.querySelectorAll('.chart')).map(el => ({
@@ -605,9 +500,8 @@ def _save_artifact(png: bytes, tmp_path: Path) -> Path:
     return path
 
 
-def test_report_in_headless_chromium(run_dir: Path, tmp_path: Path, browser: Browser) -> None:
-    import base64
-
+def test_report_in_headless_chromium(run_dir: Path, tmp_path: Path, chromium: Any) -> None:
+    browser = Page(chromium)
     page = write_report(run_dir, tmp_path / "report.html")
     drawn = browser.open(page)
     charts = {c["id"]: c for c in browser.evaluate(_CHARTS_JS)}
@@ -621,12 +515,12 @@ def test_report_in_headless_chromium(run_dir: Path, tmp_path: Path, browser: Bro
     points = json.loads((run_dir / "front.json").read_text())["points"]
     target = points[1]
     xy = browser.evaluate(_FRONT_POINT_JS % target["index"])
-    browser.mouse("mouseMoved", xy["x"], xy["y"])
+    browser.page.mouse.move(xy["x"], xy["y"])
     hover = browser.wait_for("(document.querySelector('#chart-front .hoverlayer .hovertext')"
                              " || {}).textContent")
     assert f"point {target['index']}" in hover and target["differs_from_int8"][0] in hover
-    browser.mouse("mousePressed", xy["x"], xy["y"])
-    browser.mouse("mouseReleased", xy["x"], xy["y"])
+    browser.page.mouse.down()
+    browser.page.mouse.up()
     command = browser.wait_for(f"(t => t.includes('--point {target['index']} ') && t)"
                                "(document.getElementById('point-command').textContent)")
     assert command == f"mpsearch export {run_dir} --point {target['index']} --out model.onnx"
@@ -648,12 +542,9 @@ def test_report_in_headless_chromium(run_dir: Path, tmp_path: Path, browser: Bro
     title = browser.evaluate("document.getElementById('chart-distribution').layout.title.text")
     assert title.startswith(last)
 
-    assert [u for u in browser.requests() if not u.startswith(("file:", "data:", "blob:"))] == []
-    height = browser.evaluate("document.documentElement.scrollHeight")
-    browser.call("Emulation.setDeviceMetricsOverride",
-                 {"width": 1366, "height": height, "deviceScaleFactor": 1, "mobile": False})
+    assert [u for u in browser.requests if not u.startswith(("file:", "data:", "blob:"))] == []
     browser.evaluate("window.scrollTo(0, 0); new Promise(r => setTimeout(r, 500))")
-    png = base64.b64decode(browser.call("Page.captureScreenshot", {"format": "png"})["data"])
+    png = browser.page.screenshot(type="png", full_page=True)
     shot = _save_artifact(png, tmp_path)
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000
 

@@ -16,15 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--disable-quic"]
-
 playwright_api = pytest.importorskip("playwright.sync_api",
                                      reason="playwright is not installed (pip install playwright)")
-if not Path(CHROMIUM).is_file() or shutil.which(CHROMIUM) is None:
-    pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)", allow_module_level=True)
 
 from test_serve import build_tiny  # noqa: E402  (tests/ is on sys.path under pytest)
 
@@ -88,7 +81,7 @@ def _drawn(report: playwright_api.FrameLocator, chart: str) -> None:
     report.locator(f"#{chart} .main-svg").first.wait_for(state="attached", timeout=30_000)
 
 
-def test_upload_analyze_search_export(server: str, tmp_path: Path) -> None:
+def test_upload_analyze_search_export(server: str, tmp_path: Path, chromium: Any) -> None:
     import onnxruntime as ort
 
     from mpsearch.spec import load_spec
@@ -96,87 +89,79 @@ def test_upload_analyze_search_export(server: str, tmp_path: Path) -> None:
     model, data = build_tiny(tmp_path)
     outside: list[str] = []
     errors: list[str] = []
-    with playwright_api.sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
-            args=ARGS, accept_downloads=True)
-        try:
-            context.set_default_timeout(120_000)  # two jobs share 2 cores with the browser
-            page = context.new_page()
-            context.on("request", lambda r: outside.append(r.url)
-                       if not r.url.startswith((server, "data:", "blob:", "about:")) else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
+    page = chromium.new_page()
+    chromium.on("request", lambda r: outside.append(r.url)
+               if not r.url.startswith((server, "data:", "blob:", "about:")) else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
 
-            # the model: its summary appears at once
-            page.goto(server)  # without the token: refused
-            assert "missing or wrong access token" in (page.text_content("main") or "")
-            page.goto(f"{server}/?token={TOKEN}")  # the address `mpsearch serve` prints
-            assert page.url == f"{server}/"  # the token went to a cookie
-            page.set_input_files("form[action='/models'] input[type=file]", model)
-            page.click("form[action='/models'] button[type=submit]")
-            page.wait_for_url("**/models/*")
-            assert "quantizable nodes" in (page.text_content("#summary") or "")
-            assert page.locator("table.ops td", has_text="Conv").count() == 1
-            model_url = page.url.split("?")[0]
+    # the model: its summary appears at once
+    page.goto(server)  # without the token: refused
+    assert "missing or wrong access token" in (page.text_content("main") or "")
+    page.goto(f"{server}/?token={TOKEN}")  # the address `mpsearch serve` prints
+    assert page.url == f"{server}/"  # the token went to a cookie
+    page.set_input_files("form[action='/models'] input[type=file]", model)
+    page.click("form[action='/models'] button[type=submit]")
+    page.wait_for_url("**/models/*")
+    assert "quantizable nodes" in (page.text_content("#summary") or "")
+    assert page.locator("table.ops td", has_text="Conv").count() == 1
+    model_url = page.url.split("?")[0]
 
-            # the x86 CPU profile: its formats and op rules are shown
-            page.select_option("#profile-select", "shipped:qnn_htp")
-            page.wait_for_selector(".profile-card[data-profile='qnn_htp']")
-            page.select_option("#profile-select", "shipped:x86_ort")
-            page.wait_for_selector(".profile-card[data-profile='x86_ort']")
-            assert page.locator("table.formats td", has_text="int8").count() >= 1
-            page.screenshot(path=str(tmp_path / "model.png"), full_page=True)
+    # the x86 CPU profile: its formats and op rules are shown
+    page.select_option("#profile-select", "shipped:qnn_htp")
+    page.wait_for_selector(".profile-card[data-profile='qnn_htp']")
+    page.select_option("#profile-select", "shipped:x86_ort")
+    page.wait_for_selector(".profile-card[data-profile='x86_ort']")
+    assert page.locator("table.formats td", has_text="int8").count() >= 1
+    page.screenshot(path=str(tmp_path / "model.png"), full_page=True)
 
-            # a bad profile shows its error inline with the line
-            bad = tmp_path / "typo.yaml"
-            bad.write_text("schema: 1\nname: typo\nextends: x86_ort\nfallback: per_opp\n")
-            page.set_input_files("form[action$='/profiles'] input[type=file]", bad)
-            page.click("form[action$='/profiles'] button[type=submit]")
-            assert "typo.yaml:4:" in (page.text_content("#error-profile") or "")
-            assert "fallback: per_opp" in (page.text_content("#error-profile pre") or "")
+    # a bad profile shows its error inline with the line
+    bad = tmp_path / "typo.yaml"
+    bad.write_text("schema: 1\nname: typo\nextends: x86_ort\nfallback: per_opp\n")
+    page.set_input_files("form[action$='/profiles'] input[type=file]", bad)
+    page.click("form[action$='/profiles'] button[type=submit]")
+    assert "typo.yaml:4:" in (page.text_content("#error-profile") or "")
+    assert "fallback: per_opp" in (page.text_content("#error-profile pre") or "")
 
-            # the data
-            page.set_input_files("form[action$='/data'] input[type=file]", data)
-            page.click("form[action$='/data'] button[type=submit]")
-            page.wait_for_url("**data=*")
-            assert "128 samples, labels" in (page.text_content("#data option:checked") or "")
+    # the data
+    page.set_input_files("form[action$='/data'] input[type=file]", data)
+    page.click("form[action$='/data'] button[type=submit]")
+    page.wait_for_url("**data=*")
+    assert "128 samples, labels" in (page.text_content("#data option:checked") or "")
 
-            # an analysis and a short search, queued together
-            analysis_url = _submit(page, "#run-analysis", tmp_path / "analysis.png")
-            page.goto(model_url)
-            page.select_option("#method", "percentile")
-            search_url = _submit(page, "#run-search", tmp_path / "running.png")
-            page.goto(f"{server}/jobs")
-            assert page.locator("#jobs tbody tr").count() == 2
-            report = _done(page, search_url)
-            for chart in ("chart-front", "chart-sensitivity", "chart-curve"):
-                _drawn(report, chart)
-            assert page.locator("#front tbody tr").count() >= 1
-            page.screenshot(path=str(tmp_path / "search.png"), full_page=True)
+    # an analysis and a short search, queued together
+    analysis_url = _submit(page, "#run-analysis", tmp_path / "analysis.png")
+    page.goto(model_url)
+    page.select_option("#method", "percentile")
+    search_url = _submit(page, "#run-search", tmp_path / "running.png")
+    page.goto(f"{server}/jobs")
+    assert page.locator("#jobs tbody tr").count() == 2
+    report = _done(page, search_url)
+    for chart in ("chart-front", "chart-sensitivity", "chart-curve"):
+        _drawn(report, chart)
+    assert page.locator("#front tbody tr").count() >= 1
+    page.screenshot(path=str(tmp_path / "search.png"), full_page=True)
 
-            # select a front point and download its model and the spec
-            last = page.locator("#front tbody tr input[type=radio]").last
-            last.check()
-            with page.expect_download(timeout=120_000) as download:
-                page.click("#export-button")
-            exported = tmp_path / "exported.onnx"
-            download.value.save_as(exported)
-            with page.expect_download() as spec_download:
-                page.click("#spec-link")
-            spec_path = tmp_path / "downloaded-spec.yaml"
-            spec_download.value.save_as(spec_path)
-            assert page.url == search_url
+    # select a front point and download its model and the spec
+    last = page.locator("#front tbody tr input[type=radio]").last
+    last.check()
+    with page.expect_download(timeout=120_000) as download:
+        page.click("#export-button")
+    exported = tmp_path / "exported.onnx"
+    download.value.save_as(exported)
+    with page.expect_download() as spec_download:
+        page.click("#spec-link")
+    spec_path = tmp_path / "downloaded-spec.yaml"
+    spec_download.value.save_as(spec_path)
+    assert page.url == search_url
 
-            report = _done(page, analysis_url)
-            for chart in ("chart-sensitivity", "chart-distribution", "chart-curve"):
-                _drawn(report, chart)
-            assert report.locator("#chart-front").count() == 0  # no search there: "not run"
-            headline = page.text_content("#headline") or ""  # an analysis' headline numbers
-            assert "FP32 accuracy" in headline and "every node int8: accuracy" in headline
-            assert "most sensitive: " in (page.text_content("#sensitive") or "")
-            page.screenshot(path=str(tmp_path / "analysis-done.png"), full_page=True)
-        finally:
-            context.close()
+    report = _done(page, analysis_url)
+    for chart in ("chart-sensitivity", "chart-distribution", "chart-curve"):
+        _drawn(report, chart)
+    assert report.locator("#chart-front").count() == 0  # no search there: "not run"
+    headline = page.text_content("#headline") or ""  # an analysis' headline numbers
+    assert "FP32 accuracy" in headline and "every node int8: accuracy" in headline
+    assert "most sensitive: " in (page.text_content("#sensitive") or "")
+    page.screenshot(path=str(tmp_path / "analysis-done.png"), full_page=True)
     session = ort.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
     assert session.run(None, {"input": np.zeros((1, 1, 8, 8), np.float32)})[0].shape == (1, 10)
     spec = load_spec(spec_path)
@@ -215,7 +200,8 @@ def _expected_selection(front: dict[str, Any]) -> int:
                                        p["index"]))["index"])
 
 
-def test_newcomer_path_demo_to_exported_model(server: str, tmp_path: Path) -> None:
+def test_newcomer_path_demo_to_exported_model(server: str, tmp_path: Path, chromium: Any
+                                                ) -> None:
     """Open the printed token address, take the bundled demo (twice: one entry), keep the
     suggested profile, upload the demo's data, run a small search; the results page shows the
     recommendation, the baselines, the recommended point preselected, latency in words and an
@@ -229,191 +215,183 @@ def test_newcomer_path_demo_to_exported_model(server: str, tmp_path: Path) -> No
 
     errors: list[str] = []
     outside: list[str] = []
-    with playwright_api.sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
-            args=ARGS, accept_downloads=True, viewport={"width": 1280, "height": 900})
-        try:
-            context.set_default_timeout(120_000)
-            page = context.new_page()
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            context.on("request", lambda r: outside.append(r.url)
-                       if not r.url.startswith((server, "data:", "blob:", "about:")) else None)
+    page = chromium.new_page()
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    chromium.on("request", lambda r: outside.append(r.url)
+               if not r.url.startswith((server, "data:", "blob:", "about:")) else None)
 
-            # 1: the start page puts the demo first, marked as the demo
-            page.goto(f"{server}/?token={TOKEN}")
-            assert page.url == f"{server}/"
-            demo = page.locator("#open-demo")
-            assert demo.text_content() == "Open the demo model (demo.onnx)"
-            assert page.locator("#fixtures").get_attribute("open") is None  # folded below
-            _shot(page, tmp_path, "01-start.png")
-            demo.dblclick()  # an impatient double click opens one copy
-            page.wait_for_url("**/models/*")
-            assert page.text_content("#next-link") == "Next: 4, run a search"
-            model_url = page.url
-            page.goto(server)
-            assert page.locator("#models tbody tr").count() == 1
-            favicon = page.request.get(f"{server}/favicon.ico")
-            assert favicon.status == 200 and favicon.headers["content-type"] == "image/x-icon"
-            page.goto(model_url)
+    # 1: the start page puts the demo first, marked as the demo
+    page.goto(f"{server}/?token={TOKEN}")
+    assert page.url == f"{server}/"
+    demo = page.locator("#open-demo")
+    assert demo.text_content() == "Open the demo model (demo.onnx)"
+    assert page.locator("#fixtures").get_attribute("open") is None  # folded below
+    _shot(page, tmp_path, "01-start.png")
+    demo.dblclick()  # an impatient double click opens one copy
+    page.wait_for_url("**/models/*")
+    assert page.text_content("#next-link") == "Next: 4, run a search"
+    model_url = page.url
+    page.goto(server)
+    assert page.locator("#models tbody tr").count() == 1
+    favicon = page.request.get(f"{server}/favicon.ico")
+    assert favicon.status == 200 and favicon.headers["content-type"] == "image/x-icon"
+    page.goto(model_url)
 
-            # 2: the profile x86_ort is suggested; its formats are shown
-            assert page.locator("#profile-select option:checked").text_content() == "x86_ort"
-            page.wait_for_selector(".profile-card[data-profile='x86_ort']")
-            assert page.get_attribute("#step-job", "class") == "step next"
-            assert page.input_value("#sensitivity_samples") == "32"  # the spec's default
-            _shot(page, tmp_path, "02-model.png")
+    # 2: the profile x86_ort is suggested; its formats are shown
+    assert page.locator("#profile-select option:checked").text_content() == "x86_ort"
+    page.wait_for_selector(".profile-card[data-profile='x86_ort']")
+    assert page.get_attribute("#step-job", "class") == "step next"
+    assert page.input_value("#sensitivity_samples") == "32"  # the spec's default
+    _shot(page, tmp_path, "02-model.png")
 
-            # 3: data: the demo's data is preselected; uploading it anyway is confirmed
-            data = Path(__file__).parents[1] / "mpsearch" / "demo" / "demo_data.npz"
-            page.set_input_files("#step-data input[type=file]", data)
-            page.click("#step-data button[type=submit]")
-            page.wait_for_selector("#uploaded")
-            assert page.text_content("#uploaded") == (
-                "Uploaded demo_data.npz: 450 samples, with labels, checked against the model; "
-                "it is selected in step 4.")
-            assert "450 samples, labels" in (page.text_content("#data option:checked") or "")
+    # 3: data: the demo's data is preselected; uploading it anyway is confirmed
+    data = Path(__file__).parents[1] / "mpsearch" / "demo" / "demo_data.npz"
+    page.set_input_files("#step-data input[type=file]", data)
+    page.click("#step-data button[type=submit]")
+    page.wait_for_selector("#uploaded")
+    assert page.text_content("#uploaded") == (
+        "Uploaded demo_data.npz: 450 samples, with labels, checked against the model; "
+        "it is selected in step 4.")
+    assert "450 samples, labels" in (page.text_content("#data option:checked") or "")
 
-            # 4: a bad value shows its error where the user is (step 4), not at the top
-            page.fill("#trials", "4")
-            page.fill("#calibration", "64")
-            page.fill("#held_out", "0.95")
-            page.select_option("#analysis", "off")
-            page.evaluate("document.getElementById('held_out').removeAttribute('max')")
-            page.click("#run-search")
-            page.wait_for_selector("#error-job[role=alert]")
-            assert "held-out fraction must be between 0 and 0.9" in (
-                page.text_content("#error-job") or "")
-            box = page.locator("#error-job").bounding_box()
-            assert box is not None and 0 <= box["y"] <= 900, box  # in the viewport
-            _shot(page, tmp_path, "03-error-in-view.png")
+    # 4: a bad value shows its error where the user is (step 4), not at the top
+    page.fill("#trials", "4")
+    page.fill("#calibration", "64")
+    page.fill("#held_out", "0.95")
+    page.select_option("#analysis", "off")
+    page.evaluate("document.getElementById('held_out').removeAttribute('max')")
+    page.click("#run-search")
+    page.wait_for_selector("#error-job[role=alert]")
+    assert "held-out fraction must be between 0 and 0.9" in (
+        page.text_content("#error-job") or "")
+    box = page.locator("#error-job").bounding_box()
+    assert box is not None and 0 <= box["y"] <= 900, box  # in the viewport
+    _shot(page, tmp_path, "03-error-in-view.png")
 
-            # 4 again: a small search
-            page.fill("#held_out", "0.5")
-            page.fill("#trials", "10")
-            page.check("input[name=latency]")
-            page.click("#run-search")
-            page.wait_for_url("**/jobs/*")
-            job_url = page.url
-            assert page.url.split("/jobs/")[0] == server
-            title = page.text_content("h1") or ""
-            assert title.startswith("#1 search of demo.onnx (uploaded ") and \
-                title.endswith(" on x86_ort, 10 trials"), title
-            page.wait_for_function("document.getElementById('overall-text').textContent "
-                                   "!== 'waiting\u2026'", timeout=60_000)
-            overall = page.text_content("#overall-text") or ""
-            assert overall.startswith("Step ") and " of 4: " in overall, overall
-            assert "Stages: " in (page.text_content("#overall-note") or "")
-            _shot(page, tmp_path, "04-running.png")
+    # 4 again: a small search
+    page.fill("#held_out", "0.5")
+    page.fill("#trials", "10")
+    page.check("input[name=latency]")
+    page.click("#run-search")
+    page.wait_for_url("**/jobs/*")
+    job_url = page.url
+    assert page.url.split("/jobs/")[0] == server
+    title = page.text_content("h1") or ""
+    assert title.startswith("#1 search of demo.onnx (uploaded ") and \
+        title.endswith(" on x86_ort, 10 trials"), title
+    page.wait_for_function("document.getElementById('overall-text').textContent "
+                           "!== 'waiting\u2026'", timeout=60_000)
+    overall = page.text_content("#overall-text") or ""
+    assert overall.startswith("Step ") and " of 4: " in overall, overall
+    assert "Stages: " in (page.text_content("#overall-note") or "")
+    _shot(page, tmp_path, "04-running.png")
 
-            # the results: the recommendation first, then the chart and the table
-            page.wait_for_selector("#front", timeout=JOB_TIMEOUT_MS)
-            assert (page.text_content("#job-state") or "").startswith("done")
-            run_dir = tmp_path / "work" / "runs" / job_url.rsplit("/", 1)[1]
-            front = json.loads((run_dir / "front.json").read_text())
-            recommendation = page.text_content("#recommendation") or ""
-            assert recommendation.startswith("Recommendation: ") and len(recommendation) > 30
-            if front.get("recommendation"):
-                assert front["recommendation"] in recommendation
-            headers = page.locator("#front thead th").all_text_contents()
-            assert headers[2:8] == ["accuracy (held-out split)", "accuracy (search split)",
-                                    "weights", "file", "latency, batch 1",
-                                    f"latency, batch {front['latency_batch']}"], headers
+    # the results: the recommendation first, then the chart and the table
+    page.wait_for_selector("#front", timeout=JOB_TIMEOUT_MS)
+    assert (page.text_content("#job-state") or "").startswith("done")
+    run_dir = tmp_path / "work" / "runs" / job_url.rsplit("/", 1)[1]
+    front = json.loads((run_dir / "front.json").read_text())
+    recommendation = page.text_content("#recommendation") or ""
+    assert recommendation.startswith("Recommendation: ") and len(recommendation) > 30
+    if front.get("recommendation"):
+        assert front["recommendation"] in recommendation
+    headers = page.locator("#front thead th").all_text_contents()
+    assert headers[2:8] == ["accuracy (held-out split)", "accuracy (search split)",
+                            "weights", "file", "latency, batch 1",
+                            f"latency, batch {front['latency_batch']}"], headers
 
-            # baselines: FP32 and every uniform format, with front.json's numbers
-            rows = page.locator("#baselines tr.baseline")
-            labels = [rows.nth(i).locator("td").nth(1).text_content()
-                      for i in range(rows.count())]
-            assert labels[0] == "FP32" and "uniform INT8" in labels and \
-                "uniform INT16" in labels, labels
-            assert rows.count() == 1 + len(front["uniform"])
-            int8 = page.locator("#baselines tr[data-baseline='int8'] td.metric").text_content()
-            assert int8 == f"{front['uniform']['int8']['metric']:.4f}"
-            fp32_ms = page.locator("#baselines tr[data-baseline='fp32'] td.latency").first
-            assert f"{front['fp32']['latency_ms']:.3g} ms" in (fp32_ms.text_content() or "")
+    # baselines: FP32 and every uniform format, with front.json's numbers
+    rows = page.locator("#baselines tr.baseline")
+    labels = [rows.nth(i).locator("td").nth(1).text_content()
+              for i in range(rows.count())]
+    assert labels[0] == "FP32" and "uniform INT8" in labels and \
+        "uniform INT16" in labels, labels
+    assert rows.count() == 1 + len(front["uniform"])
+    int8 = page.locator("#baselines tr[data-baseline='int8'] td.metric").text_content()
+    assert int8 == f"{front['uniform']['int8']['metric']:.4f}"
+    fp32_ms = page.locator("#baselines tr[data-baseline='fp32'] td.latency").first
+    assert f"{front['fp32']['latency_ms']:.3g} ms" in (fp32_ms.text_content() or "")
 
-            # the front shows only the points front.json keeps; the rest is listed apart
-            shown = [q["index"] for q in front["points"]
-                     if q.get("shown", not q.get("dominated", False))]
-            hidden = [q["index"] for q in front["points"] if q["index"] not in shown]
-            in_front = [int(v) for v in page.locator("#front-points tr[data-point]")
-                        .evaluate_all("rs => rs.map(r => r.dataset.point)")]
-            assert in_front == shown
-            assert page.locator("#hidden tr[data-point]").count() == len(hidden)
-            for k in shown:  # each in ms with its words against FP32
-                cell = page.text_content(f"#row-{k} td.latency") or ""
-                assert " ms" in cell and "FP32" in cell, cell
+    # the front shows only the points front.json keeps; the rest is listed apart
+    shown = [q["index"] for q in front["points"]
+             if q.get("shown", not q.get("dominated", False))]
+    hidden = [q["index"] for q in front["points"] if q["index"] not in shown]
+    in_front = [int(v) for v in page.locator("#front-points tr[data-point]")
+                .evaluate_all("rs => rs.map(r => r.dataset.point)")]
+    assert in_front == shown
+    assert page.locator("#hidden tr[data-point]").count() == len(hidden)
+    for k in shown:  # each in ms with its words against FP32
+        cell = page.text_content(f"#row-{k} td.latency") or ""
+        assert " ms" in cell and "FP32" in cell, cell
 
-            # the recommended point is preselected
-            selected = _expected_selection(front)
-            assert page.locator("input[name=point]:checked").get_attribute("value") == \
-                str(selected)
-            assert "recommended" in (page.text_content(f"#row-{selected}") or "")
+    # the recommended point is preselected
+    selected = _expected_selection(front)
+    assert page.locator("input[name=point]:checked").get_attribute("value") == \
+        str(selected)
+    assert "recommended" in (page.text_content(f"#row-{selected}") or "")
 
-            # the chart: plotly.js from this server; hover shows the point, a click selects
-            page.wait_for_selector("#results-chart .main-svg")
-            assert "held-out split" in (page.text_content("#results-chart .ytitle") or "")
-            page.locator("#results").scroll_into_view_if_needed()
-            markers = page.locator("#results-chart .scatterlayer .trace").nth(2).locator(
-                ".points path")
-            assert markers.count() == len(shown)
-            by_index = {q["index"]: q for q in front["points"]}
-            other = next((i for i, k in enumerate(shown) if k != selected), 0)
-            target = by_index[shown[other]]
-            # points this close cannot be told apart under the pointer: any of them may answer
-            near = {k for k in shown if abs(by_index[k]["size"] - target["size"])
-                    <= 0.002 * target["size"]
-                    and abs(by_index[k]["metric"] - target["metric"]) < 1e-3}
-            markers.nth(other).hover(force=True)
-            page.wait_for_selector("#results-chart .hoverlayer .hovertext")
-            tip = page.text_content("#results-chart .hoverlayer .hovertext") or ""
-            named = re.search(r"point (\d+)", tip)
-            assert named and int(named.group(1)) in near, (tip, near)
-            assert f"accuracy {target['metric']:.4f} (held-out)" in tip and "weights" in tip, tip
-            _shot(page, tmp_path, "05-chart-hover.png")
-            markers.nth(other).click(force=True)
-            picked = int(page.locator("input[name=point]:checked").get_attribute("value") or -1)
-            assert picked in near, (picked, near)
-            assert "selected" in (page.get_attribute(f"#row-{picked}", "class") or "")
-            page.check(f"#point-{selected}")
-            page.locator("#results").scroll_into_view_if_needed()
-            _shot(page, tmp_path, "06-results.png")
-            _shot(page, tmp_path, "06-results-full.png", full=True)
-            results_y = page.locator("#results").bounding_box()
-            report_y = page.locator("iframe#report").bounding_box()
-            assert results_y is not None and report_y is not None
-            assert results_y["y"] < report_y["y"]  # the front above the report
+    # the chart: plotly.js from this server; hover shows the point, a click selects
+    page.wait_for_selector("#results-chart .main-svg")
+    assert "held-out split" in (page.text_content("#results-chart .ytitle") or "")
+    page.locator("#results").scroll_into_view_if_needed()
+    markers = page.locator("#results-chart .scatterlayer .trace").nth(2).locator(
+        ".points path")
+    assert markers.count() == len(shown)
+    by_index = {q["index"]: q for q in front["points"]}
+    other = next((i for i, k in enumerate(shown) if k != selected), 0)
+    target = by_index[shown[other]]
+    # points this close cannot be told apart under the pointer: any of them may answer
+    near = {k for k in shown if abs(by_index[k]["size"] - target["size"])
+            <= 0.002 * target["size"]
+            and abs(by_index[k]["metric"] - target["metric"]) < 1e-3}
+    markers.nth(other).hover(force=True)
+    page.wait_for_selector("#results-chart .hoverlayer .hovertext")
+    tip = page.text_content("#results-chart .hoverlayer .hovertext") or ""
+    named = re.search(r"point (\d+)", tip)
+    assert named and int(named.group(1)) in near, (tip, near)
+    assert f"accuracy {target['metric']:.4f} (held-out)" in tip and "weights" in tip, tip
+    _shot(page, tmp_path, "05-chart-hover.png")
+    markers.nth(other).click(force=True)
+    picked = int(page.locator("input[name=point]:checked").get_attribute("value") or -1)
+    assert picked in near, (picked, near)
+    assert "selected" in (page.get_attribute(f"#row-{picked}", "class") or "")
+    page.check(f"#point-{selected}")
+    page.locator("#results").scroll_into_view_if_needed()
+    _shot(page, tmp_path, "06-results.png")
+    _shot(page, tmp_path, "06-results-full.png", full=True)
+    results_y = page.locator("#results").bounding_box()
+    report_y = page.locator("iframe#report").bounding_box()
+    assert results_y is not None and report_y is not None
+    assert results_y["y"] < report_y["y"]  # the front above the report
 
-            # download the recommended point, the page then shows its file size
-            with page.expect_download(timeout=120_000) as download:
-                page.click("#export-button")
-            exported = tmp_path / "recommended.onnx"
-            download.value.save_as(exported)
-            assert download.value.suggested_filename == f"demo-point{selected}.onnx"
-            page.goto(job_url)
-            shown_file = page.text_content(f"#row-{selected} td.file") or ""
-            metric_text = page.text_content(f"#row-{selected} td.metric") or ""
+    # download the recommended point, the page then shows its file size
+    with page.expect_download(timeout=120_000) as download:
+        page.click("#export-button")
+    exported = tmp_path / "recommended.onnx"
+    download.value.save_as(exported)
+    assert download.value.suggested_filename == f"demo-point{selected}.onnx"
+    page.goto(job_url)
+    shown_file = page.text_content(f"#row-{selected} td.file") or ""
+    metric_text = page.text_content(f"#row-{selected} td.metric") or ""
 
-            # the Jobs list: settings and results side by side
-            page.goto(f"{server}/jobs")
-            heads = page.locator("#jobs thead th").all_text_contents()
-            assert heads == ["job", "model", "profile", "kind", "trials", "status",
-                             "best metric (held-out)", "smallest size", "recommendation",
-                             "settings", "created (UTC)"], heads
-            row = page.locator("#jobs tbody tr").first
-            cells = row.locator("td").all_text_contents()
-            best = max(q["metric"] for q in front["points"] if q["index"] in shown)
-            smallest = min((q for q in front["points"] if q["index"] in shown),
-                           key=lambda q: q["size"])
-            assert cells[1:6] == ["demo.onnx", "x86_ort", "search", "10", "done"], cells
-            assert cells[6] == f"accuracy {best:.4f}"
-            assert cells[7].startswith(bytes_text(smallest["size"]))
-            assert cells[8] != "-", cells
-            assert cells[9] == ("minmax, metric auto, held-out 0.5, 64 calibration samples, "
-                                "latency objective, no per-node analysis"), cells
-            _shot(page, tmp_path, "07-jobs.png", full=True)
-        finally:
-            context.close()
+    # the Jobs list: settings and results side by side
+    page.goto(f"{server}/jobs")
+    heads = page.locator("#jobs thead th").all_text_contents()
+    assert heads == ["job", "model", "profile", "kind", "trials", "status",
+                     "best metric (held-out)", "smallest size", "recommendation",
+                     "settings", "created (UTC)"], heads
+    row = page.locator("#jobs tbody tr").first
+    cells = row.locator("td").all_text_contents()
+    best = max(q["metric"] for q in front["points"] if q["index"] in shown)
+    smallest = min((q for q in front["points"] if q["index"] in shown),
+                   key=lambda q: q["size"])
+    assert cells[1:6] == ["demo.onnx", "x86_ort", "search", "10", "done"], cells
+    assert cells[6] == f"accuracy {best:.4f}"
+    assert cells[7].startswith(bytes_text(smallest["size"]))
+    assert cells[8] != "-", cells
+    assert cells[9] == ("minmax, metric auto, held-out 0.5, 64 calibration samples, "
+                        "latency objective, no per-node analysis"), cells
+    _shot(page, tmp_path, "07-jobs.png", full=True)
     assert errors == [], errors
     assert outside == [], f"requests left the server: {outside[:5]}"
 

@@ -36,7 +36,7 @@ __all__ = ["PREFIX_BUDGET_BYTES", "RUN_AT_MOST", "Cut", "FloatPrefix"]
 logger = logging.getLogger(__name__)
 
 #: Memory for the kept FP32 tensors of one batch (which: :meth:`FloatPrefix._wanted`): enough
-#: for a detector's early, large tensors at 320x320 (benchmarks/RESULTS.md, "Prefix reuse").
+#: for a detector's early, large tensors at 320x320 (the corpus's nudenet_320n).
 PREFIX_BUDGET_BYTES = 512 << 20
 #: A candidate whose changed part (with the FP32 nodes it recomputes) is more than this share
 #: of its nodes runs whole: a second session would cost more than the nodes it skips.
