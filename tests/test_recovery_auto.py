@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_smoothquant import _inputs, transformer  # tests/ is on sys.path under pytest
+from _transformer import outlier_inputs, transformer
 
 from mpsearch.assignment import uniform_assignment
 from mpsearch.data import Dataset, load_data
@@ -94,7 +94,7 @@ def test_smoothquant_is_tried_only_on_outlier_channels(fixtures_dir: Path) -> No
     assert not flat.chosen["smoothquant"] and "smoothquant" not in flat.scores
     ratio = float(flat.reasons["smoothquant"].rsplit(" ", 1)[1])
     assert flat.reasons["smoothquant"].startswith("4 LayerNorms") and ratio < OUTLIER_RATIO
-    data = Dataset(inputs={"x": _inputs(256)})
+    data = Dataset(inputs={"x": outlier_inputs(256)})
     outliers = prepare_inputs(load_model(transformer()), PROFILE, data, calibration_samples=128,
                               **AUTO)
     decision = outliers.recovery

@@ -19,10 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import optuna
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 from starlette.testclient import TestClient
 
 from mpsearch.progress import JsonlProgress, Progress
@@ -39,46 +37,6 @@ QUICK = {"profile": "shipped:x86_ort", "calibration": "48", "trials": "3",
 
 
 # -- fixtures ----------------------------------------------------------------------------------
-def build_tiny(folder: Path, samples: int = 128) -> tuple[Path, Path]:
-    """A 7-node CNN on 8x8 grey images and data labelled by its own FP32 predictions."""
-    rng = np.random.default_rng(0)
-    weights = {
-        "w1": rng.normal(0, 0.6, (4, 1, 3, 3)), "b1": rng.normal(0, 0.1, 4),
-        "w2": rng.normal(0, 0.4, (8, 4, 3, 3)), "b2": rng.normal(0, 0.1, 8),
-        "w3": rng.normal(0, 0.8, (10, 8)), "b3": rng.normal(0, 0.1, 10)}
-    nodes = [
-        helper.make_node("Conv", ["input", "w1", "b1"], ["c1"], name="conv1", pads=[1] * 4),
-        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1] * 4,
-                         strides=[2, 2]),
-        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
-        helper.make_node("GlobalAveragePool", ["r2"], ["g"], name="pool"),
-        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
-        helper.make_node("Gemm", ["f", "w3", "b3"], ["logits"], name="fc", transB=1)]
-    graph = helper.make_graph(
-        nodes, "tiny", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
-                                                      ["batch", 1, 8, 8])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
-        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    model_path = folder / "tiny.onnx"
-    onnx.save(model, model_path)
-    x = rng.normal(0.5, 0.3, (samples, 1, 8, 8)).astype(np.float32)
-    from onnx.reference import ReferenceEvaluator
-
-    logits = ReferenceEvaluator(model).run(None, {"input": x})[0]
-    data_path = folder / "tiny.npz"
-    np.savez(data_path, input=x, labels=np.argmax(logits, axis=1).astype(np.int64))
-    return model_path, data_path
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return build_tiny(tmp_path_factory.mktemp("tiny"))
-
-
 TOKEN = "test-token-0123456789"
 SAME_ORIGIN = {"origin": "http://testserver"}
 

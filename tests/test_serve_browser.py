@@ -19,8 +19,6 @@ import pytest
 playwright_api = pytest.importorskip("playwright.sync_api",
                                      reason="playwright is not installed (pip install playwright)")
 
-from test_serve import build_tiny  # noqa: E402  (tests/ is on sys.path under pytest)
-
 from mpsearch.cli._serve import bind  # noqa: E402
 from mpsearch.serve import LOOPBACK_HOSTS, ServeConfig, create_app  # noqa: E402
 from mpsearch.serve._pages import bytes_text  # noqa: E402
@@ -81,12 +79,13 @@ def _drawn(report: playwright_api.FrameLocator, chart: str) -> None:
     report.locator(f"#{chart} .main-svg").first.wait_for(state="attached", timeout=30_000)
 
 
-def test_upload_analyze_search_export(server: str, tmp_path: Path, chromium: Any) -> None:
+def test_upload_analyze_search_export(server: str, tmp_path: Path, chromium: Any,
+                                      tiny: tuple[Path, Path]) -> None:
     import onnxruntime as ort
 
     from mpsearch.spec import load_spec
 
-    model, data = build_tiny(tmp_path)
+    model, data = tiny
     outside: list[str] = []
     errors: list[str] = []
     page = chromium.new_page()
