@@ -388,7 +388,7 @@ def calibrate(
 
     ``method`` and ``percentile`` are the defaults :meth:`CalibrationTable.range` uses; every
     method is available from the table. ``optimize`` runs the graph with ONNX Runtime's
-    optimizations, as it runs at inference (2-3x faster than unoptimized on CNNs); the
+    optimizations, as it runs at inference (and faster than unoptimized); the
     activations, hence min-max ranges, then differ from ONNX Runtime's own calibrators, which
     run the graph unoptimized, in the last bits (~1e-6 relative). ``optimize=False`` matches
     those bit for bit.

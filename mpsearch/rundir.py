@@ -423,6 +423,17 @@ class RunDir:
             header = "".join(line for line in _leading_comments(lines))
         atomic_write(self.spec_yaml, (header + spec.to_yaml()).encode())
 
+    def write_job(self, job: Mapping[str, Any]) -> None:
+        """A ``mpsearch serve`` job's state (its kind, state, times, exit code)."""
+        write_json(self.job_json, dict(job))
+
+    def read_job(self) -> dict[str, Any]:
+        """What :meth:`write_job` wrote; ``ValueError`` when it is missing or torn."""
+        job = read_json(self.job_json)
+        if not isinstance(job, dict):
+            raise ValueError(f"{self.job_json}: missing, or not a JSON object")
+        return job
+
     def write_run(self, *, spec: Mapping[str, Any], run: Mapping[str, Any]) -> None:
         """``spec.json`` and ``run.json`` (with the time)."""
         write_json(self.spec_json, dict(spec))

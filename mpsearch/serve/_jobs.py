@@ -16,7 +16,6 @@ directory, which continues a search's study and reuses the calibration and analy
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mpsearch.errors import MpsearchError
-from mpsearch.rundir import RunDir, write_json
+from mpsearch.rundir import RunDir
 from mpsearch.serve._spec import JobConfig
 from mpsearch.serve._store import Upload, UploadError, new_id, valid_id
 from mpsearch.serve._worker import worker_command
@@ -103,9 +102,13 @@ class JobQueue:
     def start(self) -> None:
         """Load the jobs of the work directory and start the supervisor thread."""
         with self._lock:
-            for path in sorted(self.runs.glob("*/job.json")):
+            for run in sorted((RunDir(p) for p in self.runs.iterdir() if p.is_dir()),
+                              key=lambda r: r.path.name):
+                path = run.job_json
+                if not path.is_file():
+                    continue
                 try:
-                    doc = json.loads(path.read_text(encoding="utf-8"))
+                    doc = run.read_job()
                     known = {k: v for k, v in doc.items() if k in Job.__dataclass_fields__}
                     job = Job(**{**known, "commands": tuple(doc.get("commands", ()))})
                 except (OSError, ValueError, TypeError) as e:
@@ -328,7 +331,7 @@ class JobQueue:
             return job
 
     def _save(self, job: Job) -> None:
-        write_json(self.run_dir(job.id) / "job.json", job.to_dict())
+        RunDir(self.run_dir(job.id)).write_job(job.to_dict())
 
 
 def _env() -> dict[str, str]:

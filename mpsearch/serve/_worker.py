@@ -160,7 +160,7 @@ def _upload(mode: str, request_json: str) -> int:
 def run_job(run_dir: Path) -> int:
     """Run the job of ``run_dir`` and write its report; the exit status (see module doc)."""
     run = RunDir(run_dir)
-    job = json.loads(run.job_json.read_text(encoding="utf-8"))
+    job = run.read_job()
     run.error_txt.unlink(missing_ok=True)
     logger.info("%s: loading the model and data, calibrating", job["kind"])
     status = _KINDS[job["kind"]](run, bool(job.get("resume")))
