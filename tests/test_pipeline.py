@@ -341,6 +341,8 @@ def test_sqnr_racing_slack_is_calibrated_on_the_model_s_completed_trials() -> No
     from mpsearch.analysis import Measurer
     from mpsearch.pipeline import prepare
     from mpsearch.search import SearchSettings
+    from mpsearch.search._race import sqnr_slack
+    from mpsearch.search._score import score
     from mpsearch.search._study import _Objective
 
     spec = _spec(metric="agreement", chunks=4)
@@ -351,21 +353,23 @@ def test_sqnr_racing_slack_is_calibrated_on_the_model_s_completed_trials() -> No
     objective = _Objective(measurer, prepared.summary, SearchSettings.of(spec), groups, None,
                            None)
     assert objective.by_sqnr
-    assert objective.sqnr_slack(32) == 3.0 and objective.sqnr_slack(64) == 3.0 * math.sqrt(0.5)
+    gains = objective.gains
+    assert sqnr_slack(32, gains) == 3.0 and sqnr_slack(64, gains) == 3.0 * math.sqrt(0.5)
     rng = np.random.default_rng(0)
     rises: dict[int, list[float]] = {32: [], 64: []}
     for count in range(10):
         choice = {g.name: int(rng.integers(len(g.formats))) for g in groups}
         formats = objective.assignment(choice)
-        stages = {n: objective.score(measurer.measure(formats, samples=n)) for n in (32, 64)}
+        stages = {n: score(measurer.measure(formats, samples=n), higher=objective.higher,
+                           by_sqnr=objective.by_sqnr) for n in (32, 64)}
         result = measurer.measure(formats)
-        final = objective.score(result)
+        final = score(result, higher=objective.higher, by_sqnr=objective.by_sqnr)
         objective.record_gains(formats, result)
         for n, stage in stages.items():
             rises[n].append(final - stage)
         if count < 9:  # not calibrated yet
-            assert objective.sqnr_slack(32) == 3.0
+            assert sqnr_slack(32, gains) == 3.0
     assert objective.gains == rises
     for n in (32, 64):
-        assert objective.sqnr_slack(n) == max(0.5, 1.5 * max(rises[n]))
+        assert sqnr_slack(n, gains) == max(0.5, 1.5 * max(rises[n]))
     assert len({round(r, 6) for r in rises[32]}) > 1  # real, differing measurements

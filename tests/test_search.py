@@ -32,7 +32,7 @@ from mpsearch.search import (
     knapsack,
     race_stages,
 )
-from mpsearch.search._study import _best_trials
+from mpsearch.search._callbacks import best_trials
 from mpsearch.spec import load_spec
 
 ROOT = Path(__file__).parent.parent
@@ -303,17 +303,15 @@ def test_score_breaks_ties_between_equal_counts_by_output_noise() -> None:
     """The sampler's value for an accuracy-like metric: the count decides; among equal counts
     the configuration with the higher output SQNR ranks higher, always below one more sample;
     other metrics are their own value."""
-    from types import SimpleNamespace
-
     from mpsearch.analysis import Measurement
-    from mpsearch.search._study import SQNR_CAP, _Objective
+    from mpsearch.search._score import SQNR_CAP
+    from mpsearch.search._score import score as trial_score
 
     def score(primary: str, value: float, sqnr: float, higher: bool = True,
               by_sqnr: bool = False) -> float:
         result = Measurement(metrics={primary: value, "sqnr": sqnr}, primary=primary,
                              samples=128)
-        objective = SimpleNamespace(higher=higher, by_sqnr=by_sqnr)
-        return _Objective.score(objective, result)  # type: ignore[arg-type]
+        return trial_score(result, higher=higher, by_sqnr=by_sqnr)
 
     assert score("agreement", 127 / 128, 30.0) == pytest.approx((127 + 0.5) / 128, abs=1e-12)
     assert score("agreement", 127 / 128, 0.0) == 127 / 128
@@ -391,7 +389,7 @@ def test_best_trials_without_a_deep_copy_match_optuna_s(directions: list[str]) -
         latency = rng.integers(0, 4, len(directions) - 2)
         values = [metric, metric + int(rng.integers(0, 3)), *latency]
         study.add_trial(optuna.trial.create_trial(values=[float(v) for v in values]))
-    ours = sorted(t.number for t in _best_trials(study))
+    ours = sorted(t.number for t in best_trials(study))
     assert ours == sorted(t.number for t in study.best_trials)
     assert 3 <= len(ours) < 30
 

@@ -1,8 +1,9 @@
-"""The precision search: groups and seeds (pure), the Optuna study and its storage (the only
-optuna importers)."""
+"""The precision search: groups, seeds, scores and racing (pure), the Optuna study, its
+callbacks and its storage (the only optuna importers)."""
 
 from __future__ import annotations
 
+from mpsearch.search._race import race_stages
 from mpsearch.search._seeds import (
     MEASURE_ABOVE,
     Group,
@@ -23,12 +24,7 @@ from mpsearch.search._storage import (
     open_study,
     study_progress,
 )
-from mpsearch.search._study import (
-    SearchResult,
-    TrialRecord,
-    race_stages,
-    run_search,
-)
+from mpsearch.search._study import SearchResult, TrialRecord, run_search
 
 __all__ = [
     "Group",

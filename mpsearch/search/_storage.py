@@ -3,8 +3,8 @@ several workers), resume safety, and the live progress of a journal.
 
 A study records the inputs it was made from (:func:`check_inputs` refuses to mix results from
 other ones); a run directory's own journal is repaired when a kill left a torn last record or a
-trial RUNNING (failed and queued again). The only other module that imports optuna is
-:mod:`._study`.
+trial RUNNING (failed and queued again). The other modules that import optuna are
+:mod:`._study` and :mod:`._callbacks`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Optuna multi-objective precision search (optuna is imported here and in :mod:`._storage`).
+"""Optuna multi-objective precision search: the study, its objective and its result.
 
 Consumes the run's :class:`~mpsearch.analysis.Measurer` (graph, profile, calibration table and
 the search split, with the measurements the analysis already made), the model summary and a
@@ -10,18 +10,15 @@ profile's target, else estimated) on the search split.
   nodes that follow it, which runtimes fuse), values = the formats the profile allows, by rank.
 * Seeds, enqueued before the sampler: uniform formats, the greedy "promote the k most sensitive
   groups" path and knapsack solutions of the additive sensitivity model for several size budgets.
-* Objective (spec ``evaluation.search_score``, :meth:`_Objective.score`): the model output's
-  SQNR against FP32 for ``agreement`` (continuous and stable across splits, where a count of
-  128 samples is not), else the metric; an accuracy-like metric (k of n samples) carries a
-  tie-break below one sample from the SQNR, so that a larger, less noisy configuration with
-  the same count is not dominated by a smaller, noisier one. The metric is measured either
-  way: it decides feasibility, and records and the front report it.
+* Objective (spec ``evaluation.search_score``, :mod:`._score`): the model output's SQNR
+  against FP32 for ``agreement``, else the metric with an SQNR tie-break. The metric is
+  measured either way: it decides feasibility, and records and the front report it.
 * Constraints: size limits are repaired before evaluation; duplicates are served from a cache;
-  the metric is raced (a first chunk, then doubling, :func:`race_stages`) and a trial that
-  cannot reach the front is pruned at the first stage that shows it.
+  the metric is raced (:mod:`._race`) and a trial that cannot reach the front is pruned at the
+  first stage that shows it.
 * Budget: ``spec.trials``, ``spec.timeout_s`` and the patience stop (``spec.patience``): the
   search ends once that many trials in a row after the seeds found nothing an earlier trial
-  did not match within a margin (:func:`_patience_callback`); the result says so.
+  did not match within a margin (:func:`._callbacks.patience_callback`); the result says so.
 * Storage (:mod:`._storage`): a journal file in the run directory by default (resumable), or
   any RDB URL so several workers share one study.
 """
@@ -29,7 +26,6 @@ profile's target, else estimated) on the search split.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import time
@@ -40,27 +36,29 @@ from pathlib import Path
 import numpy as np
 import optuna
 
-from mpsearch.analysis import Measurement, Measurer, wilson_interval
+from mpsearch.analysis import Measurement, Measurer
 from mpsearch.assignment import Assignment, estimate_latency, make_assignment, model_size
 from mpsearch.errors import SearchError, interrupted
-from mpsearch.evaluate import is_proportion
-from mpsearch.pareto import Point, dominated_flags, matched, thin
+from mpsearch.pareto import dominated_flags, thin
 from mpsearch.profiles import measures_latency
-from mpsearch.progress import Progress, Reporter
-from mpsearch.search._seeds import (
-    Group,
-    Seed,
-    compress,
-    group_costs,
-    group_nodes,
-    neighbor,
-    seed_assignments,
+from mpsearch.progress import Reporter
+from mpsearch.search._callbacks import (
+    FINISHED,
+    Callback,
+    explore_callback,
+    finished,
+    patience_callback,
+    progress_callback,
+    unmoved_trials,
 )
+from mpsearch.search._race import hopeless, race_stages
+from mpsearch.search._score import front_margin, score
+from mpsearch.search._seeds import Group, Seed, group_costs, group_nodes, seed_assignments
 from mpsearch.search._settings import SearchSettings
 from mpsearch.search._storage import open_study, settle_dead_trials
 from mpsearch.summary import ModelSummary
 
-__all__ = ["SearchResult", "TrialRecord", "race_stages", "run_search"]
+__all__ = ["SearchResult", "TrialRecord", "run_search"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +82,6 @@ class _QuietInterrupts(logging.Filter):
 
 logging.getLogger("optuna.study._optimize").addFilter(_QuietInterrupts())
 _WORKER = f"{socket.gethostname()}:{os.getpid()}"
-_FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,7 +92,7 @@ class TrialRecord:
     state: str
     metric: float | None
     size: int
-    #: The value the sampler optimized (the metric with :meth:`_Objective.score`'s tie-break).
+    #: The value the sampler optimized (the metric with :func:`._score.score`'s tie-break).
     score: float | None = None
     latency: float | None
     source: str
@@ -114,7 +111,8 @@ class SearchResult:
 
 
 class _Objective:
-    """Turns a trial into (metric, size[, latency]) with caching, repair and early pruning."""
+    """Turns a trial into (metric, size[, latency]) with caching, repair and early pruning:
+    wires the measurer to the pure rules of :mod:`._score` and :mod:`._race`."""
 
     def __init__(self, measurer: Measurer, summary: ModelSummary, settings: SearchSettings,
                  groups: Sequence[Group], min_metric: float | None, max_size: int | None,
@@ -139,7 +137,7 @@ class _Objective:
         self.by_sqnr = search_by_sqnr(settings, measurer)
         self.score_higher = self.by_sqnr or self.higher  # the objective's direction
         #: Racing by SQNR, per stage (sample count): how much a completed trial's score rose
-        #: from that stage to its final one (:meth:`sqnr_slack`).
+        #: from that stage to its final one (:func:`._race.sqnr_slack`).
         self.gains: dict[int, list[float]] = {}
 
     def measure_costs(self, progress: Reporter | None) -> dict[tuple[str, str], float]:
@@ -174,6 +172,12 @@ class _Objective:
             formats.update(dict.fromkeys(group.nodes, group.formats[0]))
         return formats if model_size(graph, profile, formats) <= self.max_size else None
 
+    def evaluated(self, choice: Mapping[str, int]) -> bool:
+        """Whether the configuration ``choice`` (format levels by group, before repair) was
+        already evaluated."""
+        formats = self.assignment(choice)
+        return make_assignment(self.graph, self.profile, formats).key() in self.cache
+
     def values(self, metric: float, assignment: Assignment) -> tuple[float, ...]:
         """(metric, size[, latency]): latency timed in ONNX Runtime where this host runs the
         profile's target (batch 1, median seconds), else the profile's estimate."""
@@ -203,37 +207,13 @@ class _Objective:
             trial.set_user_attr("metric", self.metrics[key])
             return self.cache[key]
         result = self._measure(trial, assignment)
-        values = self.values(self.score(result), assignment)
+        values = self.values(self._score(result), assignment)
         self.cache[key], self.metrics[key] = values, result.value
         trial.set_user_attr("metric", result.value)
         return values
 
-    def score(self, result: Measurement) -> float:
-        """The objective value of ``result``: its output SQNR (dB, within +-SQNR_CAP) when the
-        search scores by SQNR; else its metric, for an accuracy-like metric (``k`` of ``n``
-        samples, higher is better) plus ``t / n`` with ``t = s / (s + 30)`` in [0, 1) rising
-        with the output SQNR ``s`` (dB, floored at 0): ``k`` still decides; among equal counts
-        the configuration with less output noise ranks higher."""
-        sqnr = result.sqnr
-        if self.by_sqnr:
-            value = -SQNR_CAP if sqnr is None or math.isnan(sqnr) else sqnr
-            return min(max(value, -SQNR_CAP), SQNR_CAP)
-        if (not is_proportion(result.primary) or not self.higher or not result.samples
-                or sqnr is None or math.isnan(sqnr)):
-            return result.value
-        s = max(sqnr, 0.0)
-        tie = 1.0 if math.isinf(s) else s / (s + 30.0)
-        return result.value + min(tie, 1.0 - 1e-9) / result.samples
-
-    def front_margin(self) -> float:
-        """How much better than every earlier trial's objective value a trial must be to move
-        the front (the patience stop): :data:`FRONT_MARGIN_DB` by SQNR, one sample for a k-of-n
-        metric, else any improvement."""
-        if self.by_sqnr:
-            return FRONT_MARGIN_DB
-        if is_proportion(self.measurer.fp32().primary):
-            return 1.0 / self.measurer.count(None)
-        return 0.0
+    def _score(self, result: Measurement) -> float:
+        return score(result, higher=self.higher, by_sqnr=self.by_sqnr)
 
     def _measure(self, trial: optuna.Trial, assignment: Assignment) -> Measurement:
         """The metric on the search split, raced: measured on a first chunk, then on twice as
@@ -258,24 +238,11 @@ class _Objective:
         moved from each race stage (those its measurer holds): the SQNR race's calibration."""
         if not self.by_sqnr:
             return
-        final = self.score(result)
+        final = self._score(result)
         for samples in race_stages(len(self.measurer.data), self.settings.chunks)[:-1]:
             stage = self.measurer.cached(assignment, samples=samples)
             if stage is not None:
-                self.gains.setdefault(samples, []).append(final - self.score(stage))
-
-    def sqnr_slack(self, samples: int) -> float:
-        """How far below a finished trial's SQNR a trial measured on its first ``samples``
-        samples may score and still race on. Calibrated on the model once
-        :data:`RACE_CALIBRATION` completed trials passed this stage: :data:`RACE_SAFETY` times
-        the largest rise from this stage to the final score seen (at least
-        :data:`RACE_FLOOR_DB`); before that SQNR_SLACK_DB * sqrt(SQNR_SLACK_SAMPLES / n). The
-        first samples of the search split can be easier or harder than the rest for every
-        configuration alike: a shift the fixed rule misjudges, in both directions."""
-        gains = self.gains.get(samples, ())
-        if len(gains) >= RACE_CALIBRATION:
-            return max(RACE_FLOOR_DB, RACE_SAFETY * max(gains))
-        return SQNR_SLACK_DB * math.sqrt(SQNR_SLACK_SAMPLES / samples)
+                self.gains.setdefault(samples, []).append(final - self._score(stage))
 
     def _account(self, result: Measurement, before: int) -> None:
         if self.measurer.evaluations == before:
@@ -286,45 +253,12 @@ class _Objective:
         self.timing["inference"] += result.eval_s
 
     def _hopeless(self, partial: Measurement, assignment: Assignment) -> bool:
-        """True when a finished trial at no larger size beats this one by a clear margin: its
-        metric beats the optimistic end of this one's interval at three standard errors
-        (Wilson's for accuracy-like metrics, k of n samples; else a proportion's widest). A
-        strict beat on the metric, not dominance: an equal count must race on, since the
-        score's SQNR tie-break may still rank it above the smaller trial."""
-        metric, samples = partial.value, partial.samples
-        if is_proportion(partial.primary) and self.higher:
-            optimistic = wilson_interval(round(metric * samples), samples, z=3.0)[1]
-        else:
-            slack = 3.0 * math.sqrt(0.25 / samples)
-            optimistic = metric + slack if self.higher else metric - slack
-        size = model_size(self.graph, self.profile, assignment)
-        if self.min_metric is not None and self._worse(optimistic, self.min_metric):
-            return True
-        if self.by_sqnr:  # beaten in SQNR by more than its slack at this sample count
-            best = self.score(partial) + self.sqnr_slack(samples)
-            return any(values[1] <= size and values[0] > best for values in self.cache.values())
-        for key, values in self.cache.items():
-            if values[1] <= size and self._worse(optimistic, self.metrics[key]):
-                return True
-        return False
-
-    def _worse(self, a: float, b: float) -> bool:
-        return a < b if self.higher else a > b
-
-
-#: Objective values in dB stay within +-SQNR_CAP (an output identical to FP32's is infinite).
-SQNR_CAP = 1000.0
-#: Racing by SQNR: a trial measured on ``n`` samples is pruned when a finished one at no larger
-#: size beats it by more than a slack (:meth:`_Objective.sqnr_slack`): SQNR_SLACK_DB *
-#: sqrt(SQNR_SLACK_SAMPLES / n) dB until RACE_CALIBRATION completed trials passed that stage,
-#: then RACE_SAFETY times the largest rise from the stage to the final score they showed, at
-#: least RACE_FLOOR_DB, so the race is as tight as the model's own sample-to-sample noise
-#: allows (the rises measured on real models: benchmarks/RESULTS.md, "Racing").
-SQNR_SLACK_DB = 3.0
-SQNR_SLACK_SAMPLES = 32
-RACE_CALIBRATION = 10
-RACE_SAFETY = 1.5
-RACE_FLOOR_DB = 0.5
+        """Whether the partly measured ``assignment`` cannot reach the front
+        (:func:`._race.hopeless`, against every trial evaluated so far)."""
+        others = ((values[0], values[1], self.metrics[key]) for key, values in self.cache.items())
+        return hopeless(partial, size=model_size(self.graph, self.profile, assignment),
+                        higher=self.higher, by_sqnr=self.by_sqnr, min_metric=self.min_metric,
+                        gains=self.gains, finished=others)
 
 
 #: The most front points handed on (each is re-measured on held-out data and timed): a front
@@ -344,18 +278,6 @@ def search_by_sqnr(settings: SearchSettings, measurer: Measurer) -> bool:
     if settings.search_score == "auto":
         return measurer.fp32().primary == "agreement"
     return settings.search_score == "sqnr"
-
-
-def race_stages(total: int, chunks: int) -> tuple[int, ...]:
-    """Sample counts a trial is measured on, in order: ``total // chunks``, doubling, then
-    ``total`` (just ``total`` when ``chunks`` is 1)."""
-    stages = [total]
-    if chunks > 1:
-        stage = max(1, total // chunks)
-        while stage < total:
-            stages.insert(-1, stage)
-            stage *= 2
-    return tuple(stages)
 
 
 def _enqueue(study: optuna.Study, seeds: Sequence[Seed], groups: Sequence[Group]) -> None:
@@ -415,20 +337,24 @@ def run_search(
         objective.noise = _costs(study, objective, progress)
         _enqueue(study, seed_assignments(graph, profile, groups, objective.noise), groups)
     start = time.perf_counter()
-    done = _finished(study)
+    done = finished(study)
     remaining = max(settings.trials - done, 0)
-    if settings.patience is not None and _unmoved_trials(study) >= settings.patience:
+    if settings.patience is not None and unmoved_trials(study) >= settings.patience:
         remaining = 0  # a resumed search that had already stopped
     if remaining:
-        callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = [
-            optuna.study.MaxTrialsCallback(settings.trials, states=_FINISHED)]  # shared storages
+        callbacks: list[Callback] = [
+            optuna.study.MaxTrialsCallback(settings.trials, states=FINISHED)]  # shared storages
         if settings.explore > 0:
-            callbacks.append(_explore_callback(objective, settings))
+            callbacks.append(explore_callback(settings, objective.groups, objective.noise,
+                                              objective.evaluated))
         if settings.patience is not None:
-            callbacks.append(_patience_callback(settings.patience, objective.front_margin(),
-                                                objective.score_higher))
+            margin = front_margin(by_sqnr=objective.by_sqnr, primary=measurer.fp32().primary,
+                                  samples=measurer.count(None))
+            callbacks.append(patience_callback(settings.patience, margin,
+                                               objective.score_higher))
         if progress is not None:
-            callbacks.append(_progress_callback(settings.trials, objective, progress))
+            callbacks.append(progress_callback(settings.trials, progress, higher=objective.higher,
+                                               evaluations=lambda: objective.evaluations))
         study.optimize(objective, n_trials=remaining, timeout=settings.timeout_s,
                        gc_after_trial=False, callbacks=callbacks, catch=())
         retries = settle_dead_trials(study)  # a dead worker's trial, failed and queued again
@@ -436,11 +362,11 @@ def run_search(
             study.optimize(objective, n_trials=retries, gc_after_trial=False, catch=())
     records = _records(study)
     stopped = None
-    unmoved = _unmoved_trials(study)
+    unmoved = unmoved_trials(study)
     patience = settings.patience
-    if patience is not None and _finished(study) < settings.trials and unmoved >= patience:
+    if patience is not None and finished(study) < settings.trials and unmoved >= patience:
         stopped = (f"the front did not change in the last {unmoved} trials: stopped after "
-                   f"{_finished(study)} trials (budget.patience {patience}; set 0 to run every "
+                   f"{finished(study)} trials (budget.patience {patience}; set 0 to run every "
                    "trial)")
         logger.info("search: %s", stopped)
     front = _front(records, min_metric, higher, objective.score_higher)
@@ -451,103 +377,6 @@ def run_search(
     return SearchResult(trials=records, front=front, evaluations=objective.evaluations,
                         seconds=time.perf_counter() - start, timing=dict(objective.timing),
                         stopped=stopped)
-
-
-def _explore_callback(
-    objective: _Objective, settings: SearchSettings
-) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
-    """After a trial, with probability ``spec.explore``, queue an unseen neighbour of a random
-    front point, guided by the sensitivities: every cheap group a format down
-    (:func:`compress`) with a probability that grows from 0 at the front's smallest point to 1
-    at its largest, else one group a format up or down (:func:`neighbor`). A local search
-    around the front that the sampler alone reaches slowly: large points shed the promotions
-    they do not need, small ones take single steps."""
-    rng = np.random.default_rng(settings.seed)
-    groups = objective.groups
-
-    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-        front = _best_trials(study)
-        if waiting or not front or rng.random() >= settings.explore:
-            return
-        sizes = [t.values[1] for t in front]
-        span = max(sizes) - min(sizes)
-        for _ in range(10):
-            point = front[int(rng.integers(len(front)))]
-            large = (point.values[1] - min(sizes)) / span if span > 0 else 0.0
-            move = compress if rng.random() < large else neighbor
-            levels = move(groups, {g.name: int(point.params[g.name]) for g in groups},
-                          objective.noise, rng)
-            formats = objective.assignment(levels)
-            key = make_assignment(objective.graph, objective.profile, formats).key()
-            if key not in objective.cache:
-                study.enqueue_trial(levels, user_attrs={"source": "front neighbour"})
-                return
-
-    return callback
-
-
-#: Study attribute of the patience stop: the number of the trial that last moved the front.
-FRONT_CHANGED = "front_changed"
-#: What moves the front, for the patience stop: a configuration no earlier one matches within
-#: these margins. SQNR: 0.5 dB (the search and held-out splits of MobileNetV2 disagreed by up to
-#: 0.3 dB on the same configurations); a k-of-n metric: one sample; size: 0.5 %.
-FRONT_MARGIN_DB = 0.5
-FRONT_MARGIN_RELATIVE = 0.005
-#: The latency margin of the patience stop: a trial's batch-1 time varies by more than 0.5 %
-#: from run to run (load, frequency scaling), so only a trial 10 % faster than every match
-#: moves the front.
-FRONT_MARGIN_LATENCY = 0.10
-
-
-def _patience_callback(patience: int, margin: float, score_higher: bool
-                       ) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
-    """Stop the search once ``patience`` finished trials in a row, counted from the last seed,
-    found nothing an earlier trial did not already match within ``margin`` on the objective
-    value, :data:`FRONT_MARGIN_RELATIVE` on size and :data:`FRONT_MARGIN_LATENCY` on latency:
-    the front stopped moving.
-    Kept in the study's attributes, so a resumed search counts on where it stopped."""
-    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        earlier = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        others = [_point(other) for other in earlier if other.number != trial.number]
-        if trial.state == optuna.trial.TrialState.COMPLETE and not matched(
-                _point(trial), others, higher_is_better=score_higher, metric_margin=margin,
-                relative=FRONT_MARGIN_RELATIVE, latency_relative=FRONT_MARGIN_LATENCY):
-            study.set_user_attr(FRONT_CHANGED, trial.number)
-        elif _unmoved_trials(study) >= patience:
-            study.stop()
-
-    return callback
-
-
-def _unmoved_trials(study: optuna.Study) -> int:
-    """Finished trials after the last seed and the last trial that moved the front."""
-    trials = study.get_trials(deepcopy=False)
-    since = max([int(study.user_attrs.get(FRONT_CHANGED, -1)),
-                 *(t.number for t in trials if t.user_attrs.get("seed"))])
-    return sum(1 for t in trials if t.state in _FINISHED and t.number > since)
-
-
-def _best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """The study's Pareto-optimal complete trials (objective value, size[, latency]) by
-    :mod:`mpsearch.pareto`'s rule, the final front's: :attr:`optuna.Study.best_trials` without
-    its deep copy of every trial (which cost more than the sampler itself after each trial)."""
-    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    flags = dominated_flags(
-        [_point(t) for t in trials],
-        higher_is_better=study.directions[0] == optuna.study.StudyDirection.MAXIMIZE)
-    return [t for t, dominated in zip(trials, flags, strict=True) if not dominated]
-
-
-def _point(trial: optuna.trial.FrozenTrial) -> Point:
-    """(objective value, size, latency or None) of a complete trial."""
-    values = trial.values
-    latency = values[2] if len(values) > 2 and values[2] == values[2] else None
-    return (values[0], values[1], latency)
-
-
-def _finished(study: optuna.Study) -> int:
-    return len(study.get_trials(deepcopy=False, states=_FINISHED))
 
 
 def _restore_cache(study: optuna.Study, objective: _Objective) -> None:
@@ -561,20 +390,6 @@ def _restore_cache(study: optuna.Study, objective: _Objective) -> None:
             result = objective.measurer.cached(formats)
             if result is not None:  # its stages, from the measurement cache
                 objective.record_gains(formats, result)
-
-
-def _progress_callback(
-    total: int, objective: _Objective, report: Reporter
-) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
-    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        best = [float(t.user_attrs.get("metric", t.values[0])) for t in _best_trials(study)]
-        info: dict[str, float | int] = {"front": len(best), "evals": objective.evaluations}
-        if best:
-            info["best"] = max(best) if objective.higher else min(best)
-        report(Progress(stage="search", done=min(_finished(study), total), total=total,
-                        unit="trial", info=info))
-
-    return callback
 
 
 def _records(study: optuna.Study) -> tuple[TrialRecord, ...]:
