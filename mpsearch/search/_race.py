@@ -23,7 +23,7 @@ __all__ = ["RACE_CALIBRATION", "RACE_FLOOR_DB", "RACE_SAFETY", "SQNR_SLACK_DB",
 #: sqrt(SQNR_SLACK_SAMPLES / n) dB until RACE_CALIBRATION completed trials passed that stage,
 #: then RACE_SAFETY times the largest rise from the stage to the final score they showed, at
 #: least RACE_FLOOR_DB, so the race is as tight as the model's own sample-to-sample noise
-#: allows (the rises measured on real models: benchmarks/RESULTS.md, "Racing").
+#: allows.
 SQNR_SLACK_DB = 3.0
 SQNR_SLACK_SAMPLES = 32
 RACE_CALIBRATION = 10

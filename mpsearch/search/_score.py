@@ -22,13 +22,12 @@ __all__ = ["FRONT_MARGIN_DB", "FRONT_MARGIN_LATENCY", "FRONT_MARGIN_RELATIVE", "
 SQNR_CAP = 1000.0
 
 #: What moves the front, for the patience stop: a configuration no earlier one matches within
-#: these margins. SQNR: 0.5 dB (the search and held-out splits of MobileNetV2 disagreed by up to
-#: 0.3 dB on the same configurations); a k-of-n metric: one sample; size: 0.5 %.
+#: these margins. SQNR: 0.5 dB, above the disagreement of two data splits on one configuration;
+#: a k-of-n metric: one sample; size: 0.5 %.
 FRONT_MARGIN_DB = 0.5
 FRONT_MARGIN_RELATIVE = 0.005
-#: The latency margin of the patience stop: a trial's batch-1 time varies by more than 0.5 %
-#: from run to run (load, frequency scaling), so only a trial 10 % faster than every match
-#: moves the front.
+#: The latency margin of the patience stop: a trial's batch-1 time varies from run to run (load,
+#: frequency scaling), so only a trial 10 % faster than every match moves the front.
 FRONT_MARGIN_LATENCY = 0.10
 
 

@@ -41,7 +41,8 @@ _ID = re.compile(r"^[0-9a-f]{16}$")
 _CHUNK = 1 << 20
 _DECODE_TIMEOUT_S = 600.0
 #: Address space of the process that decodes one data upload: the data memory budget
-#: (:data:`mpsearch._data_limits.LIMITS`) plus what Python, NumPy, Pillow and ONNX map on their own.
+#: (:data:`mpsearch._data_limits.LIMITS`) plus what Python, NumPy, Pillow and ONNX map on
+#: their own.
 UPLOAD_MEMORY = (2 << 30) + (1536 << 20)
 #: Uploads decoded at once (each in its own worker process); the rest wait.
 MAX_DECODERS = 2
