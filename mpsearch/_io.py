@@ -8,9 +8,10 @@ the destination.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -69,19 +70,21 @@ def _write(handle: int, tmp: str, target: Path,
     os.replace(tmp, target)
 
 
-def _finite(value: Any) -> Any:
+def json_finite(value: Any) -> Any:
+    """``value`` with every non-finite float (at any depth) as None: the one rule by which
+    mpsearch writes NaN and infinity to JSON, which has neither."""
     if isinstance(value, float):
-        return value if value == value and abs(value) != float("inf") else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): json_finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [json_finite(v) for v in value]
     return value
 
 
 def write_json(path: str | os.PathLike[str], data: Any) -> None:
-    """JSON, atomically; non-finite floats become null (JSON has no NaN or infinity)."""
-    atomic_write(path, json.dumps(_finite(data), indent=2).encode())
+    """JSON, atomically; non-finite floats become null (:func:`json_finite`)."""
+    atomic_write(path, json.dumps(json_finite(data), indent=2).encode())
 
 
 def write_model(path: str | os.PathLike[str], model: onnx.ModelProto) -> None:

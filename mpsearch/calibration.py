@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from mpsearch import kernels
-from mpsearch._io import atomic_write
+from mpsearch._io import atomic_write, json_finite
 from mpsearch.data import Dataset, check_finite, check_signature
 from mpsearch.errors import CalibrationError
 from mpsearch.graph import ModelGraph
@@ -153,7 +153,7 @@ class CalibrationTable:
         meta = self.to_dict()
         meta["order"] = names
         meta["hist_digest"] = _digest(hists)
-        text = json.dumps(_finite(meta), indent=1)
+        text = json.dumps(json_finite(meta), indent=1)
         atomic_write(folder / TABLE_JSON, text.encode())
 
 
@@ -190,14 +190,6 @@ def _derive_method(s: TensorStats, method: str, bits: int, symmetric: bool,
         t = min(max(-a, b), amax)
         return (-t, t)
     return (max(a, s.min), min(b, s.max))
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    return value
 
 
 def _digest(array: np.ndarray) -> str:

@@ -19,6 +19,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mpsearch._io import json_finite
 from mpsearch.report._target import target_html
 from mpsearch.rundir import versus_fp32
 
@@ -468,17 +469,7 @@ def render_page(files: Mapping[str, Any], payload: Mapping[str, Any],
             f"</script><script>{_SCRIPT}</script></body></html>")
 
 
-def _clean(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
-
-
 def _script_json(value: Any) -> str:
     """JSON safe inside a <script> element (no ``</script>``, no ``<!--``)."""
-    text = json.dumps(_clean(value), separators=(",", ":"))
+    text = json.dumps(json_finite(value), separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")

@@ -12,6 +12,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mpsearch.rundir import format_bytes
+
 __all__ = ["bytes_text", "error_page", "index_page", "jobs_page", "jobs_table", "page",
            "profile_card", "summary_html"]
 
@@ -29,8 +31,8 @@ def si(value: float, unit: str = "") -> str:
     return f"{value:g} {unit}".strip()
 
 
-def bytes_text(value: float) -> str:
-    return si(value, "B")
+#: Bytes for people: the one formatter, rundir's.
+bytes_text = format_bytes
 
 
 def _dim(d: Any) -> str:
