@@ -59,7 +59,13 @@ from mpsearch.pipeline import SearchRun, search_run  # noqa: E402
 from mpsearch.progress import Progress  # noqa: E402
 from mpsearch.rundir import Baseline, Front, FrontPoint  # noqa: E402
 from mpsearch.runtime import create_session  # noqa: E402
-from mpsearch.spec import RECOVERY_METHODS, SearchSpec, load_spec  # noqa: E402
+from mpsearch.spec import (  # noqa: E402
+    RECOVERY_METHODS,
+    Budget,
+    DataSpec,
+    SearchSpec,
+    load_spec,
+)
 
 
 class PhaseClock:
@@ -171,7 +177,7 @@ def _recovery(**on: bool | None) -> dict[str, bool | None]:
     return {"cle": False, "bias_correction": False, "gptq": False, "smoothquant": False, **on}
 
 
-#: ``--recovery`` settings by name: the spec's ``recovery`` methods (None: auto).
+#: ``--recovery`` settings by name: :class:`~mpsearch.spec.Recovery` methods (None: auto).
 RECOVERIES = {"off": _recovery(),
               "auto": _recovery(cle=None, bias_correction=None, gptq=None, smoothquant=None),
               "cle+bc": _recovery(cle=True, bias_correction=True),
@@ -183,12 +189,16 @@ def bench(name: str, spec: SearchSpec, samples: int, slow: bool = False,
           recovery: str | None = None) -> Row:
     """One whole search of ``spec`` (its data: ``samples`` samples); ``slow``: with every
     shortcut off (the reference run); ``recovery``: with those :data:`RECOVERIES` settings."""
-    model, data = Path(spec.model), Path(spec.data)
+    model, data = Path(spec.model), Path(spec.data.source)
     before = fp32_pass(model, data, samples)
     if slow:
-        spec = dataclasses.replace(spec, sensitivity_limit=None, chunks=1, patience=None)
+        spec = dataclasses.replace(
+            spec, evaluation=dataclasses.replace(spec.evaluation, sensitivity_samples=None,
+                                                 chunks=1),
+            budget=dataclasses.replace(spec.budget, patience=None))
     if recovery:
-        spec = dataclasses.replace(spec, **RECOVERIES[recovery])
+        spec = dataclasses.replace(
+            spec, recovery=dataclasses.replace(spec.recovery, **RECOVERIES[recovery]))
     clock = PhaseClock()
     with tempfile.TemporaryDirectory() as tmp:
         start, cpu = time.perf_counter(), _cpu()
@@ -216,7 +226,7 @@ def _used(run: SearchRun, spec: SearchSpec) -> str:
     """The recovery methods the run used: what auto decided, else what was set."""
     if run.recovery is not None:
         return run.recovery.label
-    on = [m for m in RECOVERY_METHODS if getattr(spec, m)]
+    on = [m for m in RECOVERY_METHODS if getattr(spec.recovery, m)]
     return "+".join(on) if on else "plain"
 
 
@@ -292,14 +302,15 @@ def _spec(name: str, paths: dict[str, Path], photos: Path, args: argparse.Namesp
     the spec ``benchmarks/corpus.py --search`` writes for a corpus model (its metric, 320
     samples by construction); with the sample count."""
     if name in paths:
-        return SearchSpec(model=str(paths[name]), profile="x86_ort_auto", data=str(photos),
-                          metric="agreement", trials=args.trials), args.samples
+        return SearchSpec(model=str(paths[name]), profile="x86_ort_auto",
+                          data=DataSpec(source=str(photos)), metric="agreement",
+                          budget=Budget(trials=args.trials)), args.samples
     corpus = load_sibling("corpus")
     if corpus is None or name not in {m.key for m in corpus.CORPUS}:  # type: ignore[attr-defined]
         raise SystemExit(f"{name}: not a model of real_models.py or benchmarks/corpus.py")
     written = corpus.write_search(name, tmp / name, args.trials)  # type: ignore[attr-defined]
     spec = load_spec(written)
-    with np.load(spec.data) as archive:
+    with np.load(spec.data.source) as archive:
         samples = len(next(iter(archive.values())))
     return spec, samples
 

@@ -81,7 +81,8 @@ def compare_one(key: str, out: Path, trials: int) -> str:
     runs: dict[str, tuple[SearchRun, float]] = {}
     for name, settings in (("auto", {}), ("off", RECOVERIES["off"])):
         start = time.perf_counter()
-        run = search_run(dataclasses.replace(spec, **settings), out / f"run-{name}")
+        recovery = dataclasses.replace(spec.recovery, **settings)
+        run = search_run(dataclasses.replace(spec, recovery=recovery), out / f"run-{name}")
         runs[name] = (run, (time.perf_counter() - start) / 60)
     auto, off = runs["auto"][0], runs["off"][0]
     mine, theirs = _volumes(auto.front, off.front)

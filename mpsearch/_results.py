@@ -43,7 +43,7 @@ from mpsearch.profiles import HardwareProfile, measures_latency
 from mpsearch.progress import Progress, Reporter
 from mpsearch.rundir import Baseline, Front, FrontPoint, RunDir
 from mpsearch.search import SearchResult, TrialRecord, group_nodes
-from mpsearch.spec import SearchSpec
+from mpsearch.spec import Constraints, SearchSpec
 from mpsearch.summary import ModelSummary
 
 __all__ = ["held_out_front", "judge", "relative_latency", "write_analysis"]
@@ -87,7 +87,8 @@ def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult
     int8 = uniform_assignment(graph, profile, profile.lowest_formats()[0])
     searched = {n for g in group_nodes(graph, profile, spec.formats) for n in g.nodes}
     uniforms = _uniform_assignments(graph, profile)
-    records = _with_uniform_trials(result, uniforms, held, _feasible(spec, profile, searched_by))
+    records = _with_uniform_trials(result, uniforms, held,
+                                   _feasible(spec.constraints, profile, searched_by))
     points = []
     total = len(records) + 1
     for index, record in enumerate(records):
@@ -101,7 +102,7 @@ def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult
     metrics = {fmt: held.measure(assignment).value for fmt, assignment in uniforms.items()}
     if progress is not None:
         progress(Progress(stage="held-out", done=total - 1, total=total, unit="step"))
-    clock = _Clock(held, summary, spec.batch_size)
+    clock = _Clock(held, summary, spec.evaluation.batch_size)
     latencies = clock.latencies([{}, *uniforms.values(), *(p.assignment for p in points)])
     fp32 = Baseline(metric=held.fp32().value, size=model_size(graph, profile, {}),
                     latency_abs=clock.fp32_abs, **latencies[0])
@@ -141,18 +142,19 @@ def _with_uniform_trials(result: SearchResult, uniforms: Mapping[str, Assignment
     return sorted(records, key=lambda r: (r.size, r.trial))
 
 
-def _feasible(spec: SearchSpec, profile: HardwareProfile, searched_by: Measurer
+def _feasible(constraints: Constraints, profile: HardwareProfile, searched_by: Measurer
               ) -> Callable[[TrialRecord], bool]:
     """Whether a trial met the spec's constraints on the search split, as the search judged
     its front: the metric floor (``min_metric``, FP32's minus ``max_metric_drop``) and the
     size limit."""
     higher = searched_by.higher_is_better
-    floors = [] if spec.min_metric is None else [spec.min_metric]
-    if spec.max_metric_drop is not None:
+    floors = [] if constraints.min_metric is None else [constraints.min_metric]
+    drop = constraints.max_metric_drop
+    if drop is not None:
         fp32 = searched_by.fp32().value
-        floors.append(fp32 - spec.max_metric_drop if higher else fp32 + spec.max_metric_drop)
+        floors.append(fp32 - drop if higher else fp32 + drop)
     floor = None if not floors else (max(floors) if higher else min(floors))
-    max_size = _max_size(spec, profile)
+    max_size = _max_size(constraints, profile)
 
     def feasible(record: TrialRecord) -> bool:
         if record.metric is None or (max_size is not None and record.size > max_size):
@@ -161,10 +163,10 @@ def _feasible(spec: SearchSpec, profile: HardwareProfile, searched_by: Measurer
     return feasible
 
 
-def _max_size(spec: SearchSpec, profile: HardwareProfile) -> int | None:
+def _max_size(constraints: Constraints, profile: HardwareProfile) -> int | None:
     """The size limit: the spec's, and the profile's memory budget when it is to be kept."""
-    max_size = spec.max_size_bytes
-    if spec.use_memory_budget and profile.memory_budget_bytes is not None:
+    max_size = constraints.max_size_bytes
+    if constraints.memory_budget and profile.memory_budget_bytes is not None:
         budget = profile.memory_budget_bytes
         max_size = budget if max_size is None else min(max_size, budget)
     return max_size
@@ -172,16 +174,18 @@ def _max_size(spec: SearchSpec, profile: HardwareProfile) -> int | None:
 
 def _limits(spec: SearchSpec, profile: HardwareProfile, result: SearchResult) -> Limits:
     """The spec's constraints, and why the search ended, for :func:`recommend`."""
+    constraints, budget = spec.constraints, spec.budget
     finished = sum(r.state in ("complete", "pruned") for r in result.trials)
     if result.stopped:
         stop = result.stopped
-    elif finished < spec.trials and spec.timeout_s is not None:
-        stop = (f"time budget used ({finished} of {spec.trials} trials in budget.timeout_s "
-                f"{spec.timeout_s:g} s)")
+    elif finished < budget.trials and budget.timeout_s is not None:
+        stop = (f"time budget used ({finished} of {budget.trials} trials in budget.timeout_s "
+                f"{budget.timeout_s:g} s)")
     else:
         stop = f"trial budget used ({finished} trials)"
-    return Limits(min_metric=spec.min_metric, max_metric_drop=spec.max_metric_drop,
-                  max_size=_max_size(spec, profile), stop=stop)
+    return Limits(min_metric=constraints.min_metric,
+                  max_metric_drop=constraints.max_metric_drop,
+                  max_size=_max_size(constraints, profile), stop=stop)
 
 
 def _uniform_assignments(graph: ModelGraph, profile: HardwareProfile) -> dict[str, Assignment]:

@@ -241,9 +241,10 @@ def prepare(spec: SearchSpec, run_dir: RunDir | str | Path | None = None, *,
             progress: Reporter | None = None) -> Prepared:
     """:func:`prepare_inputs` of a spec; the calibration table is cached in ``run_dir``."""
     run = None if run_dir is None else _rundir(run_dir)
-    return prepare_inputs(spec.model, spec.profile, spec.data,
-                          calibration_samples=spec.calibration_samples, method=spec.method,
-                          seed=spec.data_seed, threads=spec.threads,
+    return prepare_inputs(spec.model, spec.profile, spec.data.source,
+                          calibration_samples=spec.data.calibration,
+                          method=spec.calibration.method, seed=spec.data.seed,
+                          threads=spec.evaluation.threads,
                           cache_dir=None if run is None else run.calibration, progress=progress,
                           recovery_cache=None if run is None else run.recovery_json,
                           **_recovery(spec))
@@ -251,9 +252,7 @@ def prepare(spec: SearchSpec, run_dir: RunDir | str | Path | None = None, *,
 
 def _recovery(spec: SearchSpec) -> dict[str, Any]:
     """The spec's ``recovery`` settings as :func:`prepare_inputs` takes them."""
-    return dict(cle=spec.cle, bias_correction=spec.bias_correction, gptq=spec.gptq,
-                smoothquant=spec.smoothquant, smoothquant_alpha=spec.smoothquant_alpha,
-                held_out=spec.held_out, metric=spec.metric)
+    return dict(**asdict(spec.recovery), held_out=spec.data.held_out, metric=spec.metric)
 
 
 def _rundir(run_dir: RunDir | str | Path) -> RunDir:
@@ -270,7 +269,7 @@ def search_split(validation: Dataset, held_out: float, seed: int) -> tuple[Datas
 
 def _splits(prepared: Prepared, spec: SearchSpec) -> tuple[Dataset, Dataset]:
     """(search, held-out) of ``prepared`` under ``spec``: :func:`search_split`."""
-    return search_split(prepared.validation, spec.held_out, spec.data_seed)
+    return search_split(prepared.validation, spec.data.held_out, spec.data.seed)
 
 
 def _digest(value: Any) -> str:
@@ -306,9 +305,10 @@ def _spec_measuring(prepared: Prepared, spec: SearchSpec, data: Dataset, run: Ru
                     name: str, *, prefix: bool = False) -> AbstractContextManager[Measurer]:
     """:func:`_measuring` with the spec's settings; ``prefix``: configurations measured on
     the sensitivity samples run only what they change."""
+    evaluation = spec.evaluation
     return _measuring(prepared, data, run, name, metric=spec.metric,
-                      batch_size=spec.batch_size, threads=spec.threads,
-                      prefix_samples=spec.sensitivity_limit if prefix else None)
+                      batch_size=evaluation.batch_size, threads=evaluation.threads,
+                      prefix_samples=evaluation.sensitivity_samples if prefix else None)
 
 
 def _write_inputs(run: RunDir, spec: SearchSpec, prepared: Prepared, kind: str) -> None:
@@ -317,7 +317,8 @@ def _write_inputs(run: RunDir, spec: SearchSpec, prepared: Prepared, kind: str) 
     run.write_spec(spec)
     run.write_run(spec=spec.to_dict(), run={
         "kind": kind, "name": spec.name or Path(spec.model).name, "model": spec.model,
-        "profile": spec.profile, "resolved_profile": prepared.profile.name, "data": spec.data,
+        "profile": spec.profile, "resolved_profile": prepared.profile.name,
+        "data": spec.data.source,
         "spec": spec.path, "mpsearch": __version__, "onnxruntime": ort_version()})
 
 
@@ -352,12 +353,14 @@ def analyze_run(
     thresholds: Thresholds | None = None, progress: Reporter | None = None,
 ) -> Analysis:
     """``mpsearch analyze``: prepare, analyze the validation split (its first
-    ``spec.sensitivity_limit`` samples) and write the run directory."""
+    ``spec.evaluation.sensitivity_samples`` samples) and write the run directory."""
     run = _rundir(run_dir).create()
     prepared = prepare(spec, run, progress=progress)
     _write_inputs(run, spec, prepared, "analysis")
-    return analyze_prepared(prepared, run, metric=spec.metric, samples=spec.sensitivity_limit,
-                            batch_size=spec.batch_size, threads=spec.threads,
+    evaluation = spec.evaluation
+    return analyze_prepared(prepared, run, metric=spec.metric,
+                            samples=evaluation.sensitivity_samples,
+                            batch_size=evaluation.batch_size, threads=evaluation.threads,
                             progress=progress, formats=spec.formats, proxy=proxy,
                             reverse=reverse, curve=curve, thresholds=thresholds)
 
@@ -387,7 +390,7 @@ def search_run(
     prepared = prepare(spec, run, progress=progress)
     search_data, held_data = _splits(prepared, spec)
     inputs = _search_inputs(prepared, spec, search_data)
-    settings = SearchSettings.of(spec)
+    settings = _search_settings(spec)
     check_resume(settings, run.journal, inputs, resume)  # before the run dir is rewritten
     check_measurements(run.measurements)
     verifier = _verifier(spec, prepared, run.path, held_data)
@@ -396,7 +399,8 @@ def search_run(
     with _spec_measuring(prepared, spec, search_data, run, "search", prefix=True) as measurer:
         analysis = None
         if spec.analysis:  # the report's node-level views; the search reuses every row
-            analysis = analyze(measurer, formats=spec.formats, samples=spec.sensitivity_limit,
+            analysis = analyze(measurer, formats=spec.formats,
+                               samples=spec.evaluation.sensitivity_samples,
                                reverse_top=REPORT_VIEW_NODES,
                                curve_max_steps=REPORT_VIEW_NODES,
                                measure_above=MEASURE_ABOVE, progress=progress)
@@ -410,10 +414,7 @@ def search_run(
             front = held_out_front(prepared.summary, spec, result, held, measurer,
                                    progress)
         if verifier is not None:  # the front points' metric as the target computes it
-            front = verifier.front(front, Evaluator(prepared.graph, held_data,
-                                                    metric=spec.metric,
-                                                    batch_size=spec.batch_size,
-                                                    threads=spec.threads))
+            front = verifier.front(front, _evaluator(prepared, held_data, spec))
     run.write_front(front)
     run.write_trials([[r.trial, r.state, r.metric, r.size, relative_latency(r.latency, front.fp32),
                        r.source] for r in result.trials])
@@ -475,18 +476,56 @@ def _check_latency_objective(spec: SearchSpec) -> None:
         raise SpecError(f"{spec.path or 'search spec'}: objective 'latency': {why}")
 
 
-#: Spec fields left out of the spec's fingerprint: more trials, more time, another worker,
+#: Spec settings left out of the spec's fingerprint: more trials, more time, another worker,
 #: storage or sampler resume the same study; the model, data and profile count by content.
+#: Named flat, as :data:`_FLAT_NAMES` spells a section's settings.
 _NOT_HASHED = frozenset({"trials", "timeout_s", "storage", "study", "path", "seed", "sampler",
                          "explore", "analysis", "model", "data", "profile", "name",
                          "heartbeat_s"})
+#: A section's settings in the fingerprint under the names they had in the flat spec (the rest
+#: under their own): a study started before the spec was nested still resumes.
+_FLAT_NAMES = {"data.source": "data", "data.calibration": "calibration_samples",
+               "data.seed": "data_seed", "constraints.memory_budget": "use_memory_budget",
+               "evaluation.sensitivity_samples": "sensitivity_limit"}
+
+
+def _spec_fingerprint(spec: SearchSpec) -> str:
+    """The digest of the settings a study's results depend on (all but :data:`_NOT_HASHED`)."""
+    flat: dict[str, Any] = {}
+    for key, value in spec.to_dict().items():
+        if isinstance(value, dict):  # a section
+            section: dict[str, Any] = value
+            flat.update({_FLAT_NAMES.get(f"{key}.{name}", name): setting
+                         for name, setting in section.items()})
+        else:
+            flat[key] = value
+    return _digest({k: v for k, v in flat.items() if k not in _NOT_HASHED})
 
 
 def _search_inputs(prepared: Prepared, spec: SearchSpec, data: Dataset) -> dict[str, str]:
     """What a study's results depend on, fingerprinted: resuming with other inputs is refused."""
-    fields = {k: v for k, v in spec.to_dict().items() if k not in _NOT_HASHED}
     return {"model": prepared.graph.fingerprint, "data": data.fingerprint,
-            "profile": _digest(prepared.profile.to_dict()), "spec": _digest(fields)}
+            "profile": _digest(prepared.profile.to_dict()), "spec": _spec_fingerprint(spec)}
+
+
+def _search_settings(spec: SearchSpec) -> SearchSettings:
+    """What the search needs of ``spec`` (the search never sees the spec itself)."""
+    constraints, budget, evaluation = spec.constraints, spec.budget, spec.evaluation
+    return SearchSettings(
+        objectives=spec.objectives, trials=budget.trials, timeout_s=budget.timeout_s,
+        patience=budget.patience, sampler=spec.sampler, seed=spec.seed, storage=spec.storage,
+        study=spec.study, heartbeat_s=spec.heartbeat_s, formats=spec.formats,
+        min_metric=constraints.min_metric, max_metric_drop=constraints.max_metric_drop,
+        max_size_bytes=constraints.max_size_bytes,
+        use_memory_budget=constraints.memory_budget,
+        sensitivity_limit=evaluation.sensitivity_samples, chunks=evaluation.chunks,
+        search_score=evaluation.search_score, seeding=spec.seeding, explore=spec.explore)
+
+
+def _evaluator(prepared: Prepared, data: Dataset, spec: SearchSpec) -> Evaluator:
+    """An evaluator of ``prepared``'s model on ``data`` with the spec's metric and settings."""
+    return Evaluator(prepared.graph, data, metric=spec.metric,
+                     batch_size=spec.evaluation.batch_size, threads=spec.evaluation.threads)
 
 
 # -- export and quantize ---------------------------------------------------------------------
@@ -521,8 +560,7 @@ def _build(prepared: Prepared, assignment: Assignment, out: str | Path, data: Da
     onnx.checker.check_model(model)
     write_model(out, model)
     try:  # a model that cannot be measured is not left behind
-        evaluator = Evaluator(prepared.graph, data, metric=spec.metric,
-                              batch_size=spec.batch_size, threads=spec.threads)
+        evaluator = _evaluator(prepared, data, spec)
         feeds = next(iter(data.batches(1)))
         graph, profile = prepared.graph, prepared.profile
         latency: tuple[float | None, ...] = (None, None)
@@ -576,8 +614,7 @@ def _with_target(built: BuiltModel, prepared: Prepared, spec: SearchSpec, held: 
         raise SearchError(f"export --target: {e}") from e
     folder = built.path.parent / f"{built.path.stem}_{verifier.tool.name}"
     model, compiled = verifier.compile(built.assignment, folder=folder)
-    evaluator = Evaluator(prepared.graph, held, metric=spec.metric,
-                          batch_size=spec.batch_size, threads=spec.threads)
+    evaluator = _evaluator(prepared, held, spec)
     metrics = evaluator.metrics(verifier.outputs(compiled, model, evaluator))
     return replace(built, target_artifact=compiled.artifact,
                    target_metric=metrics[evaluator.primary.name],
@@ -594,9 +631,10 @@ def quantize_one(spec: SearchSpec, out: str | Path, *, uniform: str | None = Non
     graph, profile = load_model(spec.model), load_profile(spec.profile)
     chosen = (uniform_assignment(graph, profile, uniform) if uniform is not None
               else load_assignment(str(assignment), graph, profile))  # before any work
-    prepared = prepare_inputs(graph, profile, spec.data,
-                              calibration_samples=spec.calibration_samples, method=spec.method,
-                              seed=spec.data_seed, threads=spec.threads, progress=progress,
+    prepared = prepare_inputs(graph, profile, spec.data.source,
+                              calibration_samples=spec.data.calibration,
+                              method=spec.calibration.method, seed=spec.data.seed,
+                              threads=spec.evaluation.threads, progress=progress,
                               **_recovery(spec))
     return _build(prepared, chosen, out, prepared.validation, spec)
 
@@ -641,8 +679,8 @@ class DryRun:
 def dry_run(spec: SearchSpec, run_dir: RunDir | str | Path) -> DryRun:
     """Check a spec end to end without searching: load, calibrate, group, seed, build the
     smallest seed and open it in ONNX Runtime."""
-    prepared = prepare(replace(spec, calibration_samples=min(spec.calibration_samples, 32)),
-                       run_dir)
+    quick = replace(spec.data, calibration=min(spec.data.calibration, 32))
+    prepared = prepare(replace(spec, data=quick), run_dir)
     graph, profile = prepared.graph, prepared.profile
     groups = group_nodes(graph, profile, spec.formats)
     if not groups:
@@ -651,7 +689,7 @@ def dry_run(spec: SearchSpec, run_dir: RunDir | str | Path) -> DryRun:
     seeds = seed_assignments(graph, profile, groups, {})
     smallest = {node: g.formats[0] for g in groups for node in g.nodes}
     model = prepared.quantizer().build(make_assignment(graph, profile, smallest))
-    create_session(model, threads=spec.threads)
+    create_session(model, threads=spec.evaluation.threads)
     return DryRun(dimensions=len(groups), seeds=len(seeds),
                   fp32_size=model_size(graph, profile, {}),
                   smallest_size=model_size(graph, profile, smallest))

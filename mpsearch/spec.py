@@ -1,7 +1,11 @@
 """Search specs: a YAML file -> a frozen, validated :class:`SearchSpec`.
 
 Parsed once, strictly, at the edge: an unknown key is an error with the file, the line and
-"did you mean"; paths are resolved relative to the spec file. Example (``searches/demo.yaml``)::
+"did you mean"; paths are resolved relative to the spec file. The dataclasses mirror the file:
+each YAML section is one small frozen dataclass (:class:`DataSpec`, :class:`Constraints`,
+:class:`Budget`, :class:`CalibrationSpec`, :class:`EvaluationSpec`, :class:`Recovery`) whose
+fields are the section's keys, and which checks its own values however it was built (a file,
+Python code, a CLI flag). Example (``searches/demo.yaml``)::
 
     model: ../mpsearch/demo/demo.onnx
     profile: x86_ort
@@ -26,7 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +40,8 @@ from mpsearch._yaml import Section, load_yaml
 from mpsearch.errors import SpecError
 
 __all__ = ["MAX_SEED", "MAX_THREADS", "METHODS", "OBJECTIVES", "RECOVERY_METHODS",
-           "SAMPLER_NAMES", "SEARCH_SCORES", "SearchSpec", "Thresholds", "load_spec",
+           "SAMPLER_NAMES", "SEARCH_SCORES", "Budget", "CalibrationSpec", "Constraints",
+           "DataSpec", "EvaluationSpec", "Recovery", "SearchSpec", "Thresholds", "load_spec",
            "machine_threads"]
 
 logger = logging.getLogger(__name__)
@@ -57,18 +62,18 @@ MAX_SEED = 2**32 - 1
 #: More threads than this is a typo, refused; up to it, :func:`machine_threads` caps a count
 #: at the CPUs this machine has (400 ONNX Runtime threads on 2 cores run 20x slower).
 MAX_THREADS = 1024
-#: Integer settings: field -> (spec key, CLI flag or "", minimum, maximum or None).
-_INT_BOUNDS: dict[str, tuple[str, str, int, int | None]] = {
-    "calibration_samples": ("data.calibration", "--calibration-samples", 1, None),
-    "data_seed": ("data.seed", "--seed", 0, MAX_SEED),
-    "seed": ("seed", "--seed", 0, MAX_SEED),
-    "trials": ("budget.trials", "--trials", 1, None),
-    "patience": ("budget.patience", "", 1, None),
-    "max_size_bytes": ("constraints.max_size_bytes", "", 1, None),
-    "batch_size": ("evaluation.batch_size", "", 1, 1 << 16),
-    "threads": ("evaluation.threads", "--threads", 1, MAX_THREADS),
-    "chunks": ("evaluation.chunks", "", 1, 1 << 16),
-    "sensitivity_limit": ("evaluation.sensitivity_samples", "", 1, None),
+#: Integer settings: spec key -> (CLI flag or "", minimum, maximum or None).
+_INT_BOUNDS: dict[str, tuple[str, int, int | None]] = {
+    "data.calibration": ("--calibration-samples", 1, None),
+    "data.seed": ("--seed", 0, MAX_SEED),
+    "seed": ("--seed", 0, MAX_SEED),
+    "budget.trials": ("--trials", 1, None),
+    "budget.patience": ("", 1, None),
+    "constraints.max_size_bytes": ("", 1, None),
+    "evaluation.batch_size": ("", 1, 1 << 16),
+    "evaluation.threads": ("--threads", 1, MAX_THREADS),
+    "evaluation.chunks": ("", 1, 1 << 16),
+    "evaluation.sensitivity_samples": ("", 1, None),
 }
 
 
@@ -81,9 +86,9 @@ def machine_threads(threads: int) -> int:
     return threads
 
 
-def _bound_error(name: str, value: Any) -> str | None:
-    """What is wrong with integer setting ``name`` = ``value``, or None."""
-    key, flag, low, high = _INT_BOUNDS[name]
+def _bound_error(key: str, value: Any) -> str | None:
+    """What is wrong with integer setting ``key`` (its spec key) = ``value``, or None."""
+    flag, low, high = _INT_BOUNDS[key]
     where = f"{key} ({flag})" if flag else key
     if isinstance(value, bool) or not isinstance(value, int):
         return f"{where} must be an integer, got {value!r}"
@@ -138,106 +143,211 @@ class Thresholds:
         return asdict(self)
 
 
+#: The ``recovery`` methods; each is true, false or ``auto`` (None in :class:`Recovery`).
+RECOVERY_METHODS = ("cle", "bias_correction", "gptq", "smoothquant")
+
+
+def _check_ints(section: str, values: dict[str, Any], optional: tuple[str, ...] = ()) -> None:
+    """:class:`SpecError` for the first of ``values`` (keys of ``section``) outside its
+    :data:`_INT_BOUNDS`; a name in ``optional`` may be None."""
+    for name, value in values.items():
+        if value is None and name in optional:
+            continue
+        problem = _bound_error(f"{section}.{name}", value)
+        if problem:
+            raise SpecError(f"{problem}; fix the value")
+
+
+def _check_fraction(name: str, value: Any, low: float = 0.0, high: float = 1.0) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise SpecError(f"{name} must be between {low:g} and {high:g}, got {value!r}; fix the "
+                        "value")
+
+
+def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise SpecError(f"{key} must be one of {', '.join(choices)}, got {value!r}; fix the "
+                        "value")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataSpec:
+    """``data``: where the samples come from and how they are split. ``calibration`` samples
+    calibrate; of the rest, the ``held_out`` share (drawn with ``seed``) is kept aside to
+    re-measure the front, and the search measures on the remainder."""
+
+    source: str  # a .npz/.npy file, an image folder or a `module:function` reader
+    calibration: int = 256
+    held_out: float = 0.5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_ints("data", {"calibration": self.calibration, "seed": self.seed})
+        _check_fraction("held_out", self.held_out)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Constraints:
+    """``constraints``: what a configuration must meet to count. A metric floor (``min_metric``,
+    or FP32's metric less ``max_metric_drop``), a weight size limit, and whether the profile's
+    memory budget limits the size too (``memory_budget``)."""
+
+    min_metric: float | None = None
+    max_metric_drop: float | None = None
+    max_size_bytes: int | None = None
+    memory_budget: bool = True
+
+    def __post_init__(self) -> None:
+        _check_ints("constraints", {"max_size_bytes": self.max_size_bytes},
+                    optional=("max_size_bytes",))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Budget:
+    """``budget``: when the study stops: after ``trials`` trials, ``timeout_s`` seconds, or
+    ``patience`` trials in a row that leave the front where it was (None: never early)."""
+
+    trials: int = 100
+    timeout_s: float | None = None
+    patience: int | None = 20
+
+    def __post_init__(self) -> None:
+        _check_ints("budget", {"trials": self.trials, "patience": self.patience},
+                    optional=("patience",))
+        if self.timeout_s is not None and not (
+                isinstance(self.timeout_s, (int, float)) and not isinstance(self.timeout_s, bool)
+                and 0 < self.timeout_s < math.inf):
+            raise SpecError(f"budget.timeout_s must be a positive number of seconds, got "
+                            f"{self.timeout_s!r}; fix the value")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CalibrationSpec:
+    """``calibration``: the activation range method of the calibration table (:data:`METHODS`)."""
+
+    method: str = "minmax"
+
+    def __post_init__(self) -> None:
+        _check_choice("calibration.method", self.method, METHODS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvaluationSpec:
+    """``evaluation``: how configurations are measured. ``batch_size`` and ``threads`` of ONNX
+    Runtime (threads capped at this machine's CPUs), ``chunks`` a trial is raced in, the
+    ``sensitivity_samples`` one-node costs are measured on (None: all) and ``search_score``
+    (:data:`SEARCH_SCORES`)."""
+
+    batch_size: int = 64
+    threads: int = 2
+    chunks: int = 4
+    sensitivity_samples: int | None = 32
+    search_score: str = "auto"
+
+    def __post_init__(self) -> None:
+        _check_ints("evaluation", {"batch_size": self.batch_size, "threads": self.threads,
+                                   "chunks": self.chunks,
+                                   "sensitivity_samples": self.sensitivity_samples},
+                    optional=("sensitivity_samples",))
+        _check_choice("evaluation.search_score", self.search_score, SEARCH_SCORES)
+        object.__setattr__(self, "threads", machine_threads(self.threads))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recovery:
+    """``recovery``: each method of :mod:`mpsearch.recovery` True (on), False (off) or None
+    (auto: decided per model on the search split), and SmoothQuant's migration strength."""
+
+    cle: bool | None = None
+    bias_correction: bool | None = None
+    gptq: bool | None = None
+    smoothquant: bool | None = None
+    smoothquant_alpha: float = 0.5
+
+    def __post_init__(self) -> None:
+        for method in RECOVERY_METHODS:
+            value = getattr(self, method)
+            if value is not None and not isinstance(value, bool):
+                raise SpecError(f"recovery.{method} must be true, false or auto, got "
+                                f"{value!r}; fix the value")
+        _check_fraction("smoothquant_alpha", self.smoothquant_alpha)
+
+
+#: The sections of :class:`SearchSpec`: field (and YAML key) -> dataclass.
+_SECTIONS: dict[str, type] = {"data": DataSpec, "constraints": Constraints, "budget": Budget,
+                              "calibration": CalibrationSpec, "evaluation": EvaluationSpec,
+                              "recovery": Recovery}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SearchSpec:
-    """Everything one search needs; ``to_dict()`` is written to the run directory."""
+    """Everything one search needs: the YAML file's top-level keys, each section a nested
+    dataclass; ``to_dict()`` (the same shape) is written to the run directory."""
 
     model: str
     profile: str
-    data: str
-    calibration_samples: int = 256
-    held_out: float = 0.5
-    data_seed: int = 0
+    data: DataSpec
     metric: str | None = None
     #: Empty: ``metric, size`` and, where this host times the profile's target
     #: (:func:`mpsearch.profiles.measures_latency`), ``latency`` (:func:`default_objectives`).
     objectives: tuple[str, ...] = ()
-    min_metric: float | None = None
-    max_metric_drop: float | None = None
-    max_size_bytes: int | None = None
-    use_memory_budget: bool = True
-    trials: int = 100
-    timeout_s: float | None = None
-    patience: int | None = 20
+    constraints: Constraints = field(default_factory=Constraints)
+    budget: Budget = field(default_factory=Budget)
     sampler: str = "auto"
     seed: int = 0
     storage: str | None = None
     study: str | None = None
     heartbeat_s: float = 60.0  # database storages: a worker silent 2x this has its trial retried
-    method: str = "minmax"
-    batch_size: int = 64
-    threads: int = 2
+    calibration: CalibrationSpec = field(default_factory=CalibrationSpec)
+    evaluation: EvaluationSpec = field(default_factory=EvaluationSpec)
     formats: tuple[str, ...] | None = None
-    sensitivity_limit: int | None = 32
-    chunks: int = 4
-    search_score: str = "auto"
     analysis: bool = True
     seeding: bool = True
     explore: float = 0.5
-    cle: bool | None = None  # recovery: True on, False off, None auto (decided per model)
-    bias_correction: bool | None = None
-    gptq: bool | None = None
-    smoothquant: bool | None = None
-    smoothquant_alpha: float = 0.5
+    recovery: Recovery = field(default_factory=Recovery)
     path: str | None = None
     name: str | None = None  # what reports call the model (an upload's own file name)
     verify: str = "none"
 
     def __post_init__(self) -> None:
-        """Every bound :func:`load_spec` checks, again for specs built in Python or changed by
-        CLI flags (``--trials 0`` is refused like ``budget.trials: 0``); threads are capped
-        at this machine's CPUs."""
+        """The top-level bounds :func:`load_spec` checks, again for specs built in Python or
+        changed by CLI flags (each section checks its own values)."""
+        for name, kind in _SECTIONS.items():
+            value = getattr(self, name)
+            if not isinstance(value, kind):
+                raise TypeError(f"SearchSpec.{name} must be a {kind.__name__}, got {value!r}")
         where = self.path or "search spec"
-        for name in _INT_BOUNDS:
-            value = getattr(self, name)
-            if value is None and name in ("patience", "max_size_bytes", "sensitivity_limit"):
-                continue
-            problem = _bound_error(name, value)
-            if problem:
-                raise SpecError(f"{where}: {problem}; fix the value")
-        for name, low, high in (("held_out", 0.0, 1.0), ("explore", 0.0, 1.0),
-                                ("smoothquant_alpha", 0.0, 1.0)):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not low <= value <= high:
-                raise SpecError(f"{where}: {name} must be between {low:g} and {high:g}, got "
-                                f"{value!r}; fix the value")
+        problem = _bound_error("seed", self.seed)
+        if problem:
+            raise SpecError(f"{where}: {problem}; fix the value")
+        try:
+            _check_fraction("explore", self.explore)
+        except SpecError as e:
+            raise SpecError(f"{where}: {e}") from None
         if not (isinstance(self.heartbeat_s, (int, float)) and 0 < self.heartbeat_s <= 3600):
             raise SpecError(f"{where}: heartbeat must be from 1 to 3600 seconds, got "
                             f"{self.heartbeat_s!r}; fix the value")
-        if self.timeout_s is not None and not (isinstance(self.timeout_s, (int, float))
-                                               and 0 < self.timeout_s < math.inf):
-            raise SpecError(f"{where}: budget.timeout_s must be a positive number of seconds, "
-                            f"got {self.timeout_s!r}; fix the value")
-        object.__setattr__(self, "threads", machine_threads(self.threads))
 
     def to_dict(self) -> dict[str, Any]:
+        """Every setting, sections as nested mappings keyed as in the YAML file."""
         return asdict(self)
 
     def to_yaml(self) -> str:
         """This spec as search-spec YAML that :func:`load_spec` reads back to an equal spec
         (``path`` aside): paths are absolute, every setting is spelled out."""
         tree: dict[str, Any] = {
-            "model": self.model, "profile": self.profile,
-            "data": {"source": self.data, "calibration": self.calibration_samples,
-                     "held_out": self.held_out, "seed": self.data_seed},
+            "model": self.model, "profile": self.profile, "data": asdict(self.data),
             "metric": self.metric, "objectives": list(self.objectives),
-            "constraints": {"min_metric": self.min_metric,
-                            "max_metric_drop": self.max_metric_drop,
-                            "max_size_bytes": self.max_size_bytes,
-                            "memory_budget": self.use_memory_budget},
-            "budget": {"trials": self.trials, "timeout_s": self.timeout_s,
-                       "patience": self.patience or 0},
+            "constraints": asdict(self.constraints),
+            "budget": {**asdict(self.budget), "patience": self.budget.patience or 0},
             "sampler": self.sampler, "seed": self.seed, "storage": self.storage,
             "study": self.study, "heartbeat": self.heartbeat_s,
-            "calibration": {"method": self.method},
-            "evaluation": {"batch_size": self.batch_size, "threads": self.threads,
-                           "chunks": self.chunks, "sensitivity_samples": self.sensitivity_limit,
-                           "search_score": self.search_score},
+            "calibration": asdict(self.calibration), "evaluation": asdict(self.evaluation),
             "formats": None if self.formats is None else list(self.formats),
             "analysis": self.analysis, "seeding": self.seeding, "explore": self.explore,
             "name": self.name, "verify": self.verify,
-            "recovery": {**{m: _auto_or(getattr(self, m)) for m in RECOVERY_METHODS},
-                         "smoothquant_alpha": self.smoothquant_alpha},
+            "recovery": {k: _auto_or(v) if k in RECOVERY_METHODS else v
+                         for k, v in asdict(self.recovery).items()},
         }
         if not self.objectives:  # the default, decided by the profile when the search starts
             del tree["objectives"]
@@ -245,30 +355,58 @@ class SearchSpec:
 
     def with_overrides(self, **changes: Any) -> SearchSpec:
         """A copy with the non-None ``changes`` applied (CLI flags), checked as the spec's own
-        values are (:class:`SpecError` naming the flag)."""
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(changes) - known)
+        values are (:class:`SpecError` naming the flag). A key is a top-level setting
+        (``seed``, ``storage``), a section with a mapping of its settings
+        (``data={"seed": 1}``), or one section's setting named alone (``trials``, ``threads``,
+        ``cle``)."""
+        top: dict[str, Any] = {}
+        sections: dict[str, dict[str, Any]] = {}
+        unknown = []
+        for key, value in changes.items():
+            if value is None:
+                continue
+            if key in _SECTIONS and isinstance(value, dict):
+                sections.setdefault(key, {}).update(
+                    {k: v for k, v in value.items() if v is not None})
+            elif key in _SETTINGS:
+                top[key] = value
+            elif key in _SECTION_OF:
+                sections.setdefault(_SECTION_OF[key], {})[key] = value
+            else:
+                unknown.append(key)
+        for name, values in sections.items():
+            unknown += [f"{name}.{k}" for k in values if k not in _FIELDS[name]]
         if unknown:
-            raise SpecError(f"unknown spec setting(s) {', '.join(unknown)}")
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+            raise SpecError(f"unknown spec setting(s) {', '.join(sorted(unknown))}")
+        try:
+            for name, values in sections.items():
+                top[name] = replace(getattr(self, name), **values)
+        except SpecError as e:
+            raise SpecError(f"{self.path or 'search spec'}: {e}") from None
+        return replace(self, **top)
 
 
-#: The ``recovery`` methods; each is true, false or ``auto`` (None in :class:`SearchSpec`).
-RECOVERY_METHODS = ("cle", "bias_correction", "gptq", "smoothquant")
+#: The setting names :meth:`SearchSpec.with_overrides` takes: top-level ones, and each
+#: section's own (a name the top level also has, as data's ``seed``, is the top level's).
+_SETTINGS = frozenset(f.name for f in fields(SearchSpec))
+_FIELDS = {name: frozenset(f.name for f in fields(kind)) for name, kind in _SECTIONS.items()}
+_SECTION_OF = {key: name for name, keys in _FIELDS.items() for key in keys
+               if key not in _SETTINGS}
+
 
 
 def _auto_or(value: bool | None) -> bool | str:
     return "auto" if value is None else value
 
 
-def _recovery(root: Section) -> tuple[dict[str, bool | None], float]:
+def _recovery(root: Section) -> Recovery:
     """``recovery``: ``auto`` (the default: every method decided per model), ``off`` (none),
     or a mapping of methods to true / false / auto (a method not named is auto)."""
     value = root.data.get("recovery")
     if value is None or value == "auto":
-        return dict.fromkeys(RECOVERY_METHODS), 0.5
+        return Recovery()
     if value is False or value in ("off", "none"):  # YAML reads a bare `off` as false
-        return dict.fromkeys(RECOVERY_METHODS, False), 0.5
+        return Recovery(**dict.fromkeys(RECOVERY_METHODS, False))
     if not isinstance(value, dict):
         names = ", ".join(RECOVERY_METHODS)
         root.fail("recovery", f"recovery must be auto, off or a mapping of {names} to "
@@ -282,7 +420,7 @@ def _recovery(root: Section) -> tuple[dict[str, bool | None], float]:
             section.fail(method, f"{section.path(method)} must be true, false or auto, got "
                          f"{given!r}")
         methods[method] = None if given in (None, "auto") else bool(given)
-    return methods, _alpha(section)
+    return Recovery(**methods, smoothquant_alpha=_alpha(section))
 
 
 def _path(section: Section, key: str, base: Path) -> str:
@@ -293,10 +431,10 @@ def _path(section: Section, key: str, base: Path) -> str:
     return str(path if path.is_absolute() else (base / path).resolve())
 
 
-def _bounded(section: Section, key: str, default: int, name: str) -> int:
+def _bounded(section: Section, key: str, default: int) -> int:
     """An integer setting within its :data:`_INT_BOUNDS`, refused at its line otherwise."""
     value: int = section.get_int(key, default)
-    problem = _bound_error(name, value)
+    problem = _bound_error(section.path(key), value)
     if problem:
         section.fail(key, f"{problem}; fix the value")
     return value
@@ -332,18 +470,15 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     )
     base = Path(file).resolve().parent
     data = root.section("data")
-    data.check_keys(("source", "calibration", "held_out", "seed"), required=("source",))
-    constraints = root.section("constraints", default=None)
-    constraints.check_keys(("min_metric", "max_metric_drop", "max_size_bytes",
-                            "memory_budget"))
-    budget = root.section("budget", default=None)
-    budget.check_keys(("trials", "timeout_s", "patience"))
-    calibration = root.section("calibration", default=None)
-    calibration.check_keys(("method",))
-    evaluation = root.section("evaluation", default=None)
-    evaluation.check_keys(("batch_size", "threads", "chunks", "sensitivity_samples",
-                           "search_score"))
-    recovery, alpha = _recovery(root)
+    data.check_keys(_keys(DataSpec), required=("source",))
+    constraints, budget, calibration, evaluation = (
+        root.section(name, default=None) for name in ("constraints", "budget", "calibration",
+                                                      "evaluation"))
+    constraints.check_keys(_keys(Constraints))
+    budget.check_keys(_keys(Budget))
+    calibration.check_keys(_keys(CalibrationSpec))
+    evaluation.check_keys(_keys(EvaluationSpec))
+    recovery = _recovery(root)
     profile = root.get_str("profile")
     if profile.endswith((".yaml", ".yml")):
         profile = str((base / profile).resolve())
@@ -354,40 +489,52 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     held_out = data.get_float("held_out", 0.5, minimum=0.0)
     if held_out >= 1.0:
         data.fail("held_out", f"data.held_out must be below 1, got {held_out}")
+    values = {  # every value read (and refused at its line) before any section is built
+        "data": dict(source=_path(data, "source", base),
+                     calibration=data.get_int("calibration", 256, minimum=1),
+                     held_out=held_out, seed=_bounded(data, "seed", 0)),
+        "constraints": dict(
+            min_metric=constraints.get_float("min_metric", None),
+            max_metric_drop=constraints.get_float("max_metric_drop", None, minimum=0.0),
+            max_size_bytes=constraints.get_int("max_size_bytes", None, minimum=1),
+            memory_budget=constraints.get_bool("memory_budget", True)),
+        "budget": dict(trials=budget.get_int("trials", 100, minimum=1),
+                       timeout_s=budget.get_float("timeout_s", None, positive=True),
+                       patience=budget.get_int("patience", 20, minimum=0) or None),  # 0: all
+        "calibration": dict(method=calibration.get_str("method", "minmax", choices=METHODS)),
+        "evaluation": dict(
+            batch_size=_bounded(evaluation, "batch_size", 64),
+            threads=_bounded(evaluation, "threads", 2),
+            chunks=_bounded(evaluation, "chunks", 4),
+            sensitivity_samples=evaluation.get_int("sensitivity_samples", 32, minimum=1),
+            search_score=evaluation.get_str("search_score", "auto", choices=SEARCH_SCORES)),
+    }
+    try:  # what only a section's own check refuses (budget.timeout_s: .inf) names the file
+        sections = {name: _SECTIONS[name](**kwargs) for name, kwargs in values.items()}
+    except SpecError as e:
+        raise SpecError(f"{file}: {e}") from None
     return SearchSpec(
         model=_path(root, "model", base),
         profile=profile,
-        data=_path(data, "source", base),
-        calibration_samples=data.get_int("calibration", 256, minimum=1),
-        held_out=held_out,
-        data_seed=_bounded(data, "seed", 0, "data_seed"),
         metric=root.get_str("metric", None),
         objectives=objectives,
-        min_metric=constraints.get_float("min_metric", None),
-        max_metric_drop=constraints.get_float("max_metric_drop", None, minimum=0.0),
-        max_size_bytes=constraints.get_int("max_size_bytes", None, minimum=1),
-        use_memory_budget=constraints.get_bool("memory_budget", True),
-        trials=budget.get_int("trials", 100, minimum=1),
-        timeout_s=budget.get_float("timeout_s", None, positive=True),
-        patience=budget.get_int("patience", 20, minimum=0) or None,  # 0: every trial
         sampler=root.get_str("sampler", "auto", choices=SAMPLER_NAMES),
-        seed=_bounded(root, "seed", 0, "seed"),
+        seed=_bounded(root, "seed", 0),
         storage=root.get_str("storage", None),
         study=root.get_str("study", None),
         heartbeat_s=root.get_float("heartbeat", 60.0, positive=True),
-        method=calibration.get_str("method", "minmax", choices=METHODS),
-        batch_size=_bounded(evaluation, "batch_size", 64, "batch_size"),
-        threads=_bounded(evaluation, "threads", 2, "threads"),
-        chunks=_bounded(evaluation, "chunks", 4, "chunks"),
-        sensitivity_limit=evaluation.get_int("sensitivity_samples", 32, minimum=1),
-        search_score=evaluation.get_str("search_score", "auto", choices=SEARCH_SCORES),
         formats=root.get_str_list("formats", None, non_empty=True),
         analysis=root.get_bool("analysis", True),
         seeding=root.get_bool("seeding", True),
         explore=_fraction(root, "explore", 0.5),
-        **recovery,
-        smoothquant_alpha=alpha,
+        recovery=recovery,
         path=file,
         name=root.get_str("name", None),
         verify=root.get_str("verify", "none", choices=VERIFY),
+        **sections,
     )
+
+
+def _keys(section: type) -> tuple[str, ...]:
+    """The keys of a YAML section: its dataclass's fields."""
+    return tuple(f.name for f in fields(section))

@@ -318,7 +318,7 @@ def test_threads_beyond_the_machine_are_capped(tmp_path: Path) -> None:
     assert code == 0, err
     assert err == ""
     written = json.loads((out / "spec.json").read_text())
-    assert written["threads"] == min(400, os.cpu_count() or 1)
+    assert written["evaluation"]["threads"] == min(400, os.cpu_count() or 1)
     assert peak < PEAK_LIMIT_KB
 
 

@@ -42,16 +42,17 @@ from mpsearch.pipeline import (
 from mpsearch.profiles import measures_latency
 from mpsearch.rundir import Baseline, Front, FrontPoint, RunDir
 from mpsearch.search import MEASURE_ABOVE, group_nodes
-from mpsearch.spec import SearchSpec, load_spec
+from mpsearch.spec import Budget, DataSpec, EvaluationSpec, SearchSpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _spec(**changes: object) -> SearchSpec:
-    base = SearchSpec(model=str(DEMO_MODEL), profile="x86_ort_auto", data=str(DEMO_DATA),
-                      calibration_samples=64, metric="accuracy", trials=12,
-                      sensitivity_limit=64, seed=0)
-    return dataclasses.replace(base, **changes)
+    base = SearchSpec(model=str(DEMO_MODEL), profile="x86_ort_auto",
+                      data=DataSpec(source=str(DEMO_DATA), calibration=64), metric="accuracy",
+                      budget=Budget(trials=12), evaluation=EvaluationSpec(sensitivity_samples=64),
+                      seed=0)
+    return base.with_overrides(**changes)
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +189,24 @@ def test_spec_to_yaml_round_trips(path: Path, tmp_path: Path) -> None:
     assert dataclasses.replace(load_spec(copy), path=None) == dataclasses.replace(spec, path=None)
 
 
+def test_spec_fingerprint_keeps_the_flat_names() -> None:
+    """A study's spec fingerprint digests the settings a search depends on under their flat
+    names (a section's as ``_FLAT_NAMES`` spells them), so a study's journal written by the
+    flat spec resumes."""
+    from mpsearch.pipeline import _digest, _spec_fingerprint
+
+    spec = _spec(max_size_bytes=10**6, memory_budget=False, cle=True, patience=5, trials=99)
+    flat = {"metric": "accuracy", "objectives": (), "calibration_samples": 64,
+            "held_out": 0.5, "data_seed": 0, "min_metric": None, "max_metric_drop": None,
+            "max_size_bytes": 10**6, "use_memory_budget": False, "patience": 5,
+            "method": "minmax", "batch_size": 64, "threads": spec.evaluation.threads,
+            "formats": None, "sensitivity_limit": 64, "chunks": 4, "search_score": "auto",
+            "seeding": True, "cle": True, "bias_correction": None, "gptq": None,
+            "smoothquant": None, "smoothquant_alpha": 0.5, "verify": "none"}
+    assert _spec_fingerprint(spec) == _digest(flat)
+    assert _spec_fingerprint(spec.with_overrides(trials=5, seed=3)) == _digest(flat)
+
+
 def test_time_budget_ends_the_search_with_a_saved_front(tmp_path: Path) -> None:
     run = search_run(_spec(trials=10_000, timeout_s=4.0, analysis=False), tmp_path / "run")
     complete = [r for r in run.result.trials if r.state in ("complete", "pruned")]
@@ -315,7 +334,7 @@ def test_recovery_runs_through_search_and_export(tmp_path: Path) -> None:
                  smoothquant=True, smoothquant_alpha=0.75)
     run = search_run(spec, tmp_path / "run")
     rundir = RunDir(run.run_dir)
-    saved = load_spec(rundir.spec_yaml)
+    saved = load_spec(rundir.spec_yaml).recovery
     assert (saved.cle, saved.bias_correction, saved.gptq, saved.smoothquant) == (True,) * 4
     assert saved.smoothquant_alpha == 0.75
     splits = json.loads(rundir.measurements.read_text())["splits"]
@@ -323,8 +342,8 @@ def test_recovery_runs_through_search_and_export(tmp_path: Path) -> None:
     assert splits["search"]["key"]["gptq"] is True
     built = export_point(run.run_dir, 0, tmp_path / "point.onnx")
     ours = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(built.path)).graph.initializer}
-    plain = prepare_inputs(spec.model, spec.profile, spec.data,
-                           calibration_samples=spec.calibration_samples, seed=spec.data_seed,
+    plain = prepare_inputs(spec.model, spec.profile, spec.data.source,
+                           calibration_samples=spec.data.calibration, seed=spec.data.seed,
                            cle=True).quantizer().build(built.assignment)
     reference = {t.name: numpy_helper.to_array(t) for t in plain.graph.initializer}
     assert ours.keys() == reference.keys()
@@ -339,8 +358,7 @@ def test_sqnr_racing_slack_is_calibrated_on_the_model_s_completed_trials() -> No
     3 dB * sqrt(32 / n); then 1.5 times the largest rise from that stage to the final score
     they showed (at least 0.5 dB), each rise the difference of two real measurements."""
     from mpsearch.analysis import Measurer
-    from mpsearch.pipeline import prepare
-    from mpsearch.search import SearchSettings
+    from mpsearch.pipeline import _search_settings, prepare
     from mpsearch.search._race import sqnr_slack
     from mpsearch.search._score import score
     from mpsearch.search._study import _Objective
@@ -350,7 +368,7 @@ def test_sqnr_racing_slack_is_calibrated_on_the_model_s_completed_trials() -> No
     search_split = prepared.validation.take(128)
     measurer = Measurer(prepared.quantizer(), search_split, metric="agreement")
     groups = group_nodes(prepared.graph, prepared.profile)
-    objective = _Objective(measurer, prepared.summary, SearchSettings.of(spec), groups, None,
+    objective = _Objective(measurer, prepared.summary, _search_settings(spec), groups, None,
                            None)
     assert objective.by_sqnr
     gains = objective.gains

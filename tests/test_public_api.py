@@ -64,3 +64,14 @@ def test_version_and_profile_list_stay_light() -> None:
             "try:\n    main(['--version'])\nexcept SystemExit:\n    pass\n")
     assert _loaded_after(f"exec({code!r})") == []
     assert _loaded_after("from mpsearch.cli import main; main(['-q', 'profiles', 'list'])") == []
+
+
+def test_spec_sections_are_public() -> None:
+    """The search spec's YAML sections, one dataclass each, beside :class:`SearchSpec`."""
+    import mpsearch.spec
+
+    sections = {"Budget", "CalibrationSpec", "Constraints", "DataSpec", "EvaluationSpec",
+                "Recovery"}
+    assert sections | {"SearchSpec", "load_spec"} <= set(mpsearch.spec.__all__)
+    for name in sections:
+        assert inspect.isclass(getattr(mpsearch.spec, name)), name

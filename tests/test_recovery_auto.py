@@ -10,6 +10,7 @@ channels. Profile ``x86_ort_avx2`` (7-bit weights): its int8 kernels are exact o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from mpsearch.recovery import (
 )
 from mpsearch.recovery._auto import MARGIN_DB, OUTLIER_RATIO
 from mpsearch.runtime import create_session
-from mpsearch.spec import SearchSpec
+from mpsearch.spec import DataSpec, Recovery, SearchSpec
 
 PROFILE = "x86_ort_avx2"
 AUTO = dict(cle=None, bias_correction=None, gptq=None, smoothquant=None)
@@ -187,8 +188,11 @@ def test_explicit_settings_override_auto(fixtures_dir: Path) -> None:
 
 def test_a_run_directory_keeps_the_decision(fixtures_dir: Path, tmp_path: Path) -> None:
     spec = SearchSpec(model=str(fixtures_dir / "mobilenetv2.onnx"), profile=PROFILE,
-                      data=str(fixtures_dir / "digits_eval.npz"), calibration_samples=64)
-    assert (spec.cle, spec.bias_correction, spec.gptq, spec.smoothquant) == (None,) * 4
+                      data=DataSpec(source=str(fixtures_dir / "digits_eval.npz"),
+                                    calibration=64))
+    recovery = spec.recovery
+    assert (recovery.cle, recovery.bias_correction, recovery.gptq,
+            recovery.smoothquant) == (None,) * 4
     first = prepare(spec, tmp_path)
     saved = tmp_path / "recovery.json"
     stamp = saved.stat().st_mtime_ns
@@ -201,6 +205,6 @@ def test_a_run_directory_keeps_the_decision(fixtures_dir: Path, tmp_path: Path) 
     assert (again.hessians is None) == (first.hessians is None)
     assert again.recovery.to_dict()["summary"] == first.recovery.summary()
     assert math.isfinite(again.recovery.score(again.recovery.label))
-    off = prepare(SearchSpec(**{**spec.to_dict(), "cle": False, "bias_correction": False,
-                                "gptq": False, "smoothquant": False}))
+    off = prepare(dataclasses.replace(spec, recovery=Recovery(
+        cle=False, bias_correction=False, gptq=False, smoothquant=False)))
     assert off.recovery is None and off.means is None and off.hessians is None

@@ -114,9 +114,10 @@ def test_bundled_model_shows_its_summary_profile_and_form(client: TestClient,
     for name in ("max_metric_drop", "sensitivity_samples", "analysis", "held_out"):
         assert f'<small class="help" id="help-{name}">' in html, name
     # the sensitivity samples field says what the spec does: 32 by default, written 32
-    from mpsearch.spec import SearchSpec
+    from mpsearch.spec import DataSpec, SearchSpec
 
-    default = SearchSpec(model="m", profile="p", data="d").sensitivity_limit
+    default = SearchSpec(model="m", profile="p",
+                         data=DataSpec(source="d")).evaluation.sensitivity_samples
     assert default == 32
     assert (f'name="sensitivity_samples" id="sensitivity_samples" value="{default}" min="1" '
             'required="required">') in html
@@ -589,7 +590,8 @@ def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
     downloaded.parent.mkdir()
     downloaded.write_bytes(client.get(f"/jobs/{job}/spec.yaml").content)
     spec = load_spec(downloaded)
-    assert (spec.trials, spec.method, spec.formats) == (3, "percentile", ("int8",))
+    assert (spec.budget.trials, spec.calibration.method, spec.formats) == (
+        3, "percentile", ("int8",))
     assert spec.analysis is False
     assert spec.profile.endswith("hw_profile.yaml")
     assert "granularity: per_tensor" in client.get(f"/jobs/{job}/hw_profile.yaml").text

@@ -164,7 +164,8 @@ def test_upload_analyze_search_export(server: str, tmp_path: Path, chromium: Any
     session = ort.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
     assert session.run(None, {"input": np.zeros((1, 1, 8, 8), np.float32)})[0].shape == (1, 10)
     spec = load_spec(spec_path)
-    assert (spec.trials, spec.method, Path(spec.model).is_file()) == (3, "percentile", True)
+    assert (spec.budget.trials, spec.calibration.method, Path(spec.model).is_file()) == (
+        3, "percentile", True)
     assert outside == [], f"requests left the server: {outside[:5]}"
     assert errors == [], errors
 
@@ -397,7 +398,7 @@ def test_newcomer_path_demo_to_exported_model(server: str, tmp_path: Path, chrom
     # the downloaded model runs in ONNX Runtime and scores the front's held-out accuracy
     spec = load_spec(run_dir / "spec.yaml")
     validation = prepare(spec, RunDir(run_dir)).validation
-    held = validation.split(1.0 - spec.held_out, spec.data_seed)[1]
+    held = validation.split(1.0 - spec.data.held_out, spec.data.seed)[1]
     session = ort.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
     logits = session.run(None, {"input": held.inputs["input"]})[0]
     assert held.labels is not None and logits.shape == (len(held), 10)

@@ -57,15 +57,17 @@ def add_analyze_parser(subparsers: Any) -> None:
 
 def handler(args: argparse.Namespace) -> int:
     from mpsearch.pipeline import analyze_run
-    from mpsearch.spec import SearchSpec
+    from mpsearch.spec import CalibrationSpec, DataSpec, EvaluationSpec, SearchSpec
 
     out = Path(args.out)
     formats = None if args.formats is None else tuple(
         f.strip() for f in args.formats.split(",") if f.strip())
-    spec = SearchSpec(model=args.model, profile=args.profile, data=args.data,
-                      calibration_samples=args.calibration_samples, data_seed=args.seed,
-                      method=args.method, metric=args.metric, formats=formats,
-                      sensitivity_limit=args.limit)
+    spec = SearchSpec(model=args.model, profile=args.profile,
+                      data=DataSpec(source=args.data, calibration=args.calibration_samples,
+                                    seed=args.seed),
+                      calibration=CalibrationSpec(method=args.method), metric=args.metric,
+                      formats=formats,
+                      evaluation=EvaluationSpec(sensitivity_samples=args.limit))
     progress = BarProgress()
     analysis = analyze_run(spec, out, proxy=args.proxy,
                            reverse=False if args.no_reverse else None,

@@ -59,11 +59,12 @@ def _front_table(front: Front, show_all: bool) -> None:
 
 def _quantize(args: argparse.Namespace) -> int:
     from mpsearch.pipeline import quantize_one
-    from mpsearch.spec import SearchSpec
+    from mpsearch.spec import CalibrationSpec, DataSpec, SearchSpec
 
-    spec = SearchSpec(model=args.model, profile=args.profile, data=args.data,
-                      calibration_samples=args.calibration_samples, data_seed=args.seed,
-                      method=args.method, metric=args.metric)
+    spec = SearchSpec(model=args.model, profile=args.profile,
+                      data=DataSpec(source=args.data, calibration=args.calibration_samples,
+                                    seed=args.seed),
+                      calibration=CalibrationSpec(method=args.method), metric=args.metric)
     result = quantize_one(spec, args.out, uniform=args.uniform, assignment=args.assignment,
                           progress=BarProgress(not args.quiet))
     fp32, quantized = result.fp32, result.evaluation

@@ -6,8 +6,7 @@ sees the spec or the run directory, so it can be driven from Python with only th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 __all__ = ["SearchSettings"]
 
@@ -43,10 +42,3 @@ class SearchSettings:
     search_score: str = "auto"
     seeding: bool = True
     explore: float = 0.5
-
-    @classmethod
-    def of(cls, source: Any, **changes: Any) -> SearchSettings:
-        """The settings read off any object with these attributes (a search spec), then
-        ``changes``."""
-        values = {f.name: getattr(source, f.name) for f in fields(cls)}
-        return cls(**{**values, **changes})

@@ -10,13 +10,13 @@ profile's target, else estimated) on the search split.
   nodes that follow it, which runtimes fuse), values = the formats the profile allows, by rank.
 * Seeds, enqueued before the sampler: uniform formats, the greedy "promote the k most sensitive
   groups" path and knapsack solutions of the additive sensitivity model for several size budgets.
-* Objective (spec ``evaluation.search_score``, :mod:`._score`): the model output's SQNR
+* Objective (``SearchSettings.search_score``, :mod:`._score`): the model output's SQNR
   against FP32 for ``agreement``, else the metric with an SQNR tie-break. The metric is
   measured either way: it decides feasibility, and records and the front report it.
 * Constraints: size limits are repaired before evaluation; duplicates are served from a cache;
   the metric is raced (:mod:`._race`) and a trial that cannot reach the front is pruned at the
   first stage that shows it.
-* Budget: ``spec.trials``, ``spec.timeout_s`` and the patience stop (``spec.patience``): the
+* Budget: ``trials``, ``timeout_s`` and the patience stop (``patience``) of the settings: the
   search ends once that many trials in a row after the seeds found nothing an earlier trial
   did not match within a margin (:func:`._callbacks.patience_callback`); the result says so.
 * Storage (:mod:`._storage`): a journal file in the run directory by default (resumable), or

@@ -44,15 +44,16 @@ def _input(name: str, label: str, value: str, kind: str = "text", **attrs: str) 
 
 
 def _spec_default(name: str) -> Any:
-    """The default of a :class:`~mpsearch.spec.SearchSpec` field (the form agrees with it)."""
+    """The default of a :class:`~mpsearch.spec.EvaluationSpec` field (the form agrees with
+    it)."""
     import dataclasses
 
-    from mpsearch.spec import SearchSpec
+    from mpsearch.spec import EvaluationSpec
 
-    return next(f.default for f in dataclasses.fields(SearchSpec) if f.name == name)
+    return next(f.default for f in dataclasses.fields(EvaluationSpec) if f.name == name)
 
 
-_SAMPLES = _spec_default("sensitivity_limit")
+_SAMPLES = _spec_default("sensitivity_samples")
 
 _HELP = {
     "held_out": "share of the data kept aside: the search measures on the rest (the search "

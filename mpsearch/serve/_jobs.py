@@ -226,7 +226,7 @@ class JobQueue:
                 spec = load_spec(run.spec_yaml)
             except MpsearchError as e:
                 raise UploadError(f"this job's spec.yaml cannot be read: {e}") from e
-            run.write_spec(replace(spec, trials=trials_done))
+            run.write_spec(spec.with_overrides(trials=trials_done))
             self._set(job_id, trials=trials_done,
                       title=f"{job.title} (finished at {trials_done} trials)")
             return self.resume(job_id)

@@ -189,7 +189,14 @@ def write_spec(run_dir: Path, config: JobConfig, *, title: str, name: str | None
     """Write ``spec.yaml`` (and ``hw_profile.yaml`` when needed) and check them as the CLI
     would; returns the command lines that redo the job."""
     from mpsearch import load_profile
-    from mpsearch.spec import SearchSpec, load_spec
+    from mpsearch.spec import (
+        Budget,
+        CalibrationSpec,
+        Constraints,
+        DataSpec,
+        SearchSpec,
+        load_spec,
+    )
 
     profile = config.profile
     if config.granularity != "profile":
@@ -198,12 +205,16 @@ def write_spec(run_dir: Path, config: JobConfig, *, title: str, name: str | None
                                              sort_keys=False).encode())
         profile = str(derived)
     spec = SearchSpec(
-        model=str(config.model), profile=profile, data=str(config.data),
-        calibration_samples=config.calibration, held_out=config.held_out, metric=config.metric,
+        model=str(config.model), profile=profile,
+        data=DataSpec(source=str(config.data), calibration=config.calibration,
+                      held_out=config.held_out),
+        metric=config.metric,
         objectives=("metric", "size", "latency") if config.latency else ("metric", "size"),
-        max_metric_drop=config.max_metric_drop, trials=config.trials, seed=config.seed,
-        method=config.method, formats=config.formats, analysis=config.node_analysis, name=name,
-    ).with_overrides(sensitivity_limit=config.sensitivity_samples)  # empty: the default
+        constraints=Constraints(max_metric_drop=config.max_metric_drop),
+        budget=Budget(trials=config.trials), seed=config.seed,
+        calibration=CalibrationSpec(method=config.method), formats=config.formats,
+        analysis=config.node_analysis, name=name,
+    ).with_overrides(sensitivity_samples=config.sensitivity_samples)  # empty: the default
     run = RunDir(run_dir)
     header = (f"# {title}\n# Written by `mpsearch serve`; rerun it from the command line with\n"
               f"#   mpsearch search spec.yaml --out {run_dir}-cli\n")

@@ -49,8 +49,8 @@ def served_spec(path: Path) -> SearchSpec:
     if spec.metric is not None and ":" in spec.metric:
         raise SpecError(f"{path}: metric '{spec.metric[:60]}' is Python code "
                         "(module:function); the server runs built-in metrics only")
-    if not Path(spec.data).exists():
-        raise SpecError(f"{path}: data '{spec.data[:60]}' is not an uploaded file (a "
+    if not Path(spec.data.source).exists():
+        raise SpecError(f"{path}: data '{spec.data.source[:60]}' is not an uploaded file (a "
                         "module:function reader is Python code); the server reads uploads only")
     return spec
 
