@@ -60,7 +60,7 @@ METHODS = ("minmax", "percentile", "entropy", "mse")
 #: Seeds are NumPy's and Optuna's: 0 to 2**32 - 1.
 MAX_SEED = 2**32 - 1
 #: More threads than this is a typo, refused; up to it, :func:`machine_threads` caps a count
-#: at the CPUs this machine has (400 ONNX Runtime threads on 2 cores run 20x slower).
+#: at the CPUs this machine has (more threads than cores only wait on each other).
 MAX_THREADS = 1024
 #: Integer settings: spec key -> (CLI flag or "", minimum, maximum or None).
 _INT_BOUNDS: dict[str, tuple[str, int, int | None]] = {
