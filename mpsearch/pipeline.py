@@ -242,17 +242,18 @@ def prepare(spec: SearchSpec, run_dir: RunDir | str | Path | None = None, *,
     """:func:`prepare_inputs` of a spec; the calibration table is cached in ``run_dir``."""
     run = None if run_dir is None else _rundir(run_dir)
     return prepare_inputs(spec.model, spec.profile, spec.data.source,
-                          calibration_samples=spec.data.calibration,
-                          method=spec.calibration.method, seed=spec.data.seed,
-                          threads=spec.evaluation.threads,
                           cache_dir=None if run is None else run.calibration, progress=progress,
                           recovery_cache=None if run is None else run.recovery_json,
-                          **_recovery(spec))
+                          **_prepare_options(spec))
 
 
-def _recovery(spec: SearchSpec) -> dict[str, Any]:
-    """The spec's ``recovery`` settings as :func:`prepare_inputs` takes them."""
-    return dict(**asdict(spec.recovery), held_out=spec.data.held_out, metric=spec.metric)
+def _prepare_options(spec: SearchSpec) -> dict[str, Any]:
+    """The spec's calibration, split and ``recovery`` settings as :func:`prepare_inputs`
+    takes them."""
+    return dict(**asdict(spec.recovery), calibration_samples=spec.data.calibration,
+                method=spec.calibration.method, seed=spec.data.seed,
+                threads=spec.evaluation.threads, held_out=spec.data.held_out,
+                metric=spec.metric)
 
 
 def _rundir(run_dir: RunDir | str | Path) -> RunDir:
@@ -631,11 +632,8 @@ def quantize_one(spec: SearchSpec, out: str | Path, *, uniform: str | None = Non
     graph, profile = load_model(spec.model), load_profile(spec.profile)
     chosen = (uniform_assignment(graph, profile, uniform) if uniform is not None
               else load_assignment(str(assignment), graph, profile))  # before any work
-    prepared = prepare_inputs(graph, profile, spec.data.source,
-                              calibration_samples=spec.data.calibration,
-                              method=spec.calibration.method, seed=spec.data.seed,
-                              threads=spec.evaluation.threads, progress=progress,
-                              **_recovery(spec))
+    prepared = prepare_inputs(graph, profile, spec.data.source, progress=progress,
+                              **_prepare_options(spec))
     return _build(prepared, chosen, out, prepared.validation, spec)
 
 

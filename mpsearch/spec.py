@@ -394,7 +394,6 @@ _SECTION_OF = {key: name for name, keys in _FIELDS.items() for key in keys
                if key not in _SETTINGS}
 
 
-
 def _auto_or(value: bool | None) -> bool | str:
     return "auto" if value is None else value
 

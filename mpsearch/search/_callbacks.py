@@ -31,7 +31,7 @@ FRONT_CHANGED = "front_changed"
 def explore_callback(settings: SearchSettings, groups: Sequence[Group],
                      noise: Mapping[tuple[str, str], float],
                      evaluated: Callable[[Mapping[str, int]], bool]) -> Callback:
-    """After a trial, with probability ``spec.explore``, queue an unseen neighbour of a random
+    """After a trial, with probability ``settings.explore``, queue an unseen neighbour of a random
     front point, guided by the sensitivities ``noise``: every cheap group a format down
     (:func:`compress`) with a probability that grows from 0 at the front's smallest point to 1
     at its largest, else one group a format up or down (:func:`neighbor`); ``evaluated`` says
