@@ -102,17 +102,15 @@ class JobQueue:
     def start(self) -> None:
         """Load the jobs of the work directory and start the supervisor thread."""
         with self._lock:
-            for run in sorted((RunDir(p) for p in self.runs.iterdir() if p.is_dir()),
-                              key=lambda r: r.path.name):
-                path = run.job_json
-                if not path.is_file():
+            for run in map(RunDir, sorted(self.runs.iterdir())):
+                if not run.job_json.is_file():
                     continue
                 try:
                     doc = run.read_job()
                     known = {k: v for k, v in doc.items() if k in Job.__dataclass_fields__}
                     job = Job(**{**known, "commands": tuple(doc.get("commands", ()))})
                 except (OSError, ValueError, TypeError) as e:
-                    logger.warning("skipping %s: %s", path, e)
+                    logger.warning("skipping %s: %s", run.job_json, e)
                     continue
                 if job.state == "running":  # its worker died with the previous server
                     job = replace(job, state="interrupted", finished=_now(),
