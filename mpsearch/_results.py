@@ -36,7 +36,7 @@ from mpsearch.assignment import (
 )
 from mpsearch.clock import SPREAD_SECONDS, time_runs
 from mpsearch.errors import QuantizationError
-from mpsearch.evaluate import is_proportion
+from mpsearch.evaluate import is_proportion, metric_floor
 from mpsearch.graph import ModelGraph
 from mpsearch.pareto import dominators
 from mpsearch.profiles import HardwareProfile, measures_latency
@@ -148,28 +148,15 @@ def _feasible(constraints: Constraints, profile: HardwareProfile, searched_by: M
     its front: the metric floor (``min_metric``, FP32's minus ``max_metric_drop``) and the
     size limit."""
     higher = searched_by.higher_is_better
-    floors = [] if constraints.min_metric is None else [constraints.min_metric]
-    drop = constraints.max_metric_drop
-    if drop is not None:
-        fp32 = searched_by.fp32().value
-        floors.append(fp32 - drop if higher else fp32 + drop)
-    floor = None if not floors else (max(floors) if higher else min(floors))
-    max_size = _max_size(constraints, profile)
+    floor = metric_floor(searched_by.fp32().value, higher, min_metric=constraints.min_metric,
+                         max_metric_drop=constraints.max_metric_drop)
+    max_size = profile.size_limit(constraints.max_size_bytes, constraints.memory_budget)
 
     def feasible(record: TrialRecord) -> bool:
         if record.metric is None or (max_size is not None and record.size > max_size):
             return False
         return floor is None or (record.metric >= floor if higher else record.metric <= floor)
     return feasible
-
-
-def _max_size(constraints: Constraints, profile: HardwareProfile) -> int | None:
-    """The size limit: the spec's, and the profile's memory budget when it is to be kept."""
-    max_size = constraints.max_size_bytes
-    if constraints.memory_budget and profile.memory_budget_bytes is not None:
-        budget = profile.memory_budget_bytes
-        max_size = budget if max_size is None else min(max_size, budget)
-    return max_size
 
 
 def _limits(spec: SearchSpec, profile: HardwareProfile, result: SearchResult) -> Limits:
@@ -185,7 +172,8 @@ def _limits(spec: SearchSpec, profile: HardwareProfile, result: SearchResult) ->
         stop = f"trial budget used ({finished} trials)"
     return Limits(min_metric=constraints.min_metric,
                   max_metric_drop=constraints.max_metric_drop,
-                  max_size=_max_size(constraints, profile), stop=stop)
+                  max_size=profile.size_limit(constraints.max_size_bytes,
+                                              constraints.memory_budget), stop=stop)
 
 
 def _uniform_assignments(graph: ModelGraph, profile: HardwareProfile) -> dict[str, Assignment]:

@@ -32,7 +32,8 @@ from mpsearch.errors import DataError, SpecError
 from mpsearch.graph import ModelGraph
 from mpsearch.runtime import Session, SharedWeights, create_session
 
-__all__ = ["METRICS", "Evaluation", "Evaluator", "Metric", "is_proportion", "resolve_metric"]
+__all__ = ["METRICS", "Evaluation", "Evaluator", "Metric", "is_proportion", "metric_floor",
+           "resolve_metric"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,17 @@ def resolve_metric(name: str) -> Metric:
                         "check the module is on PYTHONPATH") from e
     return Metric(name=name, higher_is_better=bool(getattr(fn, "higher_is_better", True)),
                   needs_labels=False, fn=fn, proportion=bool(getattr(fn, "proportion", False)))
+
+
+def metric_floor(fp32: float, higher: bool, *, min_metric: float | None,
+                 max_metric_drop: float | None) -> float | None:
+    """The metric a configuration must reach (None: any): ``min_metric`` and FP32's metric
+    ``fp32`` less ``max_metric_drop``, whichever is stricter (``higher`` is better or not; a
+    drop is a loss either way round)."""
+    floors = [] if min_metric is None else [min_metric]
+    if max_metric_drop is not None:
+        floors.append(fp32 - max_metric_drop if higher else fp32 + max_metric_drop)
+    return None if not floors else (max(floors) if higher else min(floors))
 
 
 def is_proportion(metric: str) -> bool:

@@ -333,6 +333,14 @@ class HardwareProfile:
         unique = set(names)
         return tuple(sorted(unique, key=lambda n: (self.formats[n].rank, n)))
 
+    def size_limit(self, max_size_bytes: int | None, use_memory_budget: bool) -> int | None:
+        """The weight size limit a configuration must meet: ``max_size_bytes`` (None: none) and,
+        when ``use_memory_budget``, this target's memory budget, whichever is smaller."""
+        budget = self.memory_budget_bytes if use_memory_budget else None
+        if budget is None:
+            return max_size_bytes
+        return budget if max_size_bytes is None else min(max_size_bytes, budget)
+
     def lowest_formats(self) -> tuple[str, ...]:
         """The defined formats of the lowest rank (several when they tie), by name."""
         lowest = min(f.rank for f in self.formats.values())

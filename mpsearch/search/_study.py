@@ -39,6 +39,7 @@ import optuna
 from mpsearch.analysis import Measurement, Measurer
 from mpsearch.assignment import Assignment, estimate_latency, make_assignment, model_size
 from mpsearch.errors import SearchError, interrupted
+from mpsearch.evaluate import metric_floor
 from mpsearch.pareto import dominated_flags, thin
 from mpsearch.profiles import measures_latency
 from mpsearch.progress import Reporter
@@ -317,16 +318,9 @@ def run_search(
         raise SearchError(f"{graph.name}: no node can take a quantized format under profile "
                           f"'{profile.name}'; nothing to search")
     higher = measurer.higher_is_better
-    fp32 = measurer.fp32().value
-    min_metric = settings.min_metric
-    if settings.max_metric_drop is not None:  # a drop is a loss either way round
-        floor = fp32 - settings.max_metric_drop if higher else fp32 + settings.max_metric_drop
-        min_metric = floor if min_metric is None else (max if higher else min)(min_metric,
-                                                                               floor)
-    max_size = settings.max_size_bytes
-    if settings.use_memory_budget and profile.memory_budget_bytes is not None:
-        budget = profile.memory_budget_bytes
-        max_size = budget if max_size is None else min(max_size, budget)
+    min_metric = metric_floor(measurer.fp32().value, higher, min_metric=settings.min_metric,
+                              max_metric_drop=settings.max_metric_drop)
+    max_size = profile.size_limit(settings.max_size_bytes, settings.use_memory_budget)
     objective = _Objective(measurer, summary, settings, groups, min_metric, max_size, refusal)
     directions = ["maximize" if objective.score_higher else "minimize", "minimize"]
     if "latency" in settings.objectives:
