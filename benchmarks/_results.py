@@ -1,5 +1,4 @@
-"""Shared by the benchmark scripts: each writes its own generated results file, and loads a
-sibling script (``models.py``, ``real_models.py``) by path, the folder not being a package.
+"""Shared by the benchmark scripts: each writes its own generated results file.
 
 A results file is ``benchmarks/results/<name>.md``, written whole by one script: a header with
 the exact command, the commit, the CPU's int8 instructions and the ONNX Runtime version, then
@@ -8,17 +7,13 @@ the script's text. No script edits another's file, so regenerating one deletes n
 
 from __future__ import annotations
 
-import importlib.util
 import platform
 import shlex
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from mpsearch._io import atomic_write  # noqa: E402
+from mpsearch._io import atomic_write
 
 HERE = Path(__file__).resolve().parent
 RESULTS_DIR = HERE / "results"
@@ -28,13 +23,10 @@ INT8_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int
 
 
 def command_line() -> str:
-    """The command that ran this script, as a user would type it from the repository root."""
-    script = Path(sys.argv[0]).resolve()
-    try:
-        shown = str(script.relative_to(HERE.parent))
-    except ValueError:
-        shown = str(script)
-    return shlex.join(["python", shown, *sys.argv[1:]])
+    """The command that ran this script, as typed from the repository root:
+    ``python -m benchmarks.<name> ARGS``."""
+    module = Path(sys.argv[0]).stem
+    return shlex.join(["python", "-m", f"benchmarks.{module}", *sys.argv[1:]])
 
 
 def _commit() -> str:
@@ -98,16 +90,3 @@ def publish(name: str, text: str, write: bool, *, command: str | None = None,
     if echo:
         print(f"wrote {path.relative_to(HERE.parent)}")
     return path
-
-
-def load_sibling(name: str) -> ModuleType | None:
-    """``benchmarks/<name>.py`` imported by path, or None when the file is missing."""
-    path = HERE / f"{name}.py"
-    if not path.exists():
-        return None
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses in the module look themselves up there
-    spec.loader.exec_module(module)
-    return module

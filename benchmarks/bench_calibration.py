@@ -20,11 +20,11 @@ entropy within a stated tolerance, else compared by the fake-quantization MSE on
 activations) and times every kernel against its NumPy twin, and the fused statistics kernel
 against the NumPy reference doing the same work and against ``x.max()``.
 
-Model: ``benchmarks/models.py`` ``resnet18()`` / ``mobilenetv2()`` when that file exists, else
-the real MobileNetV2 of ``benchmarks/real_models.py``. Data: ``benchmarks/_models/photos.npz``
-when present (ImageNet-preprocessed photos), else seeded smooth random images.
+Model: ``resnet18()`` / ``mobilenetv2()`` of :mod:`mpsearch.testing.architectures`. Data:
+``benchmarks/_models/photos.npz`` when present (ImageNet-preprocessed photos), else seeded
+smooth random images.
 
-Run: ``python benchmarks/bench_calibration.py --model resnet18`` (add ``--quick`` for a smoke
+Run: ``python -m benchmarks.bench_calibration --model resnet18`` (add ``--quick`` for a smoke
 run with small N; ``--jobs fp32 cli --samples 512`` for the default-flags memory row alone).
 """
 
@@ -44,10 +44,10 @@ from typing import Any
 import numpy as np
 import onnx
 
-ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT.parent))
+from mpsearch.testing import architectures
 
-from _results import load_sibling  # noqa: E402
+ROOT = Path(__file__).resolve().parent
+
 
 METHODS = ("minmax", "percentile", "entropy", "mse")
 JOBS = ("fp32", "exposed", "mpsearch", "mpsearch-noopt", "cli", "ort-minmax", "ort-percentile",
@@ -60,16 +60,10 @@ def build_model(name: str, out: Path) -> str:
     if Path(name).suffix == ".onnx":
         onnx.save(onnx.load(name), out)
         return name
-    models = load_sibling("models")
-    if models is not None and hasattr(models, name):
-        onnx.save(getattr(models, name)(), out)
-        return f"benchmarks/models.py {name}()"
-    real = load_sibling("real_models")
-    if real is None:
-        raise SystemExit(f"no benchmarks/models.py with {name}() and no real_models.py")
-    path = real.ensure_real_models()["mobilenetv2"]
-    onnx.save(onnx.load(path), out)
-    return f"{path.name} (benchmarks/models.py {name}() is not available)"
+    if name not in ("resnet18", "mobilenetv2"):
+        raise SystemExit(f"--model {name}: resnet18, mobilenetv2 or an .onnx path")
+    onnx.save(getattr(architectures, name)(), out)
+    return f"mpsearch.testing.architectures.{name}()"
 
 
 def build_data(n: int, seed: int = 0) -> tuple[np.ndarray, str]:
@@ -346,7 +340,8 @@ def _free_mb() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet18",
-                        help="resnet18 | mobilenetv2 (benchmarks/models.py) or an .onnx path")
+                        help="resnet18 | mobilenetv2 (mpsearch.testing.architectures) "
+                             "or an .onnx path")
     parser.add_argument("--samples", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)

@@ -1,7 +1,7 @@
 """The latency clock: identical sessions timed in turn, with ONNX Runtime's thread spinning on
 and off.
 
-    python benchmarks/bench_clock.py [--sessions 5] [--no-write]
+    python -m benchmarks.bench_clock [--sessions 5] [--no-write]
 
 Opens ``--sessions`` sessions of one model (all the same model, so every honest clock gives
 them the same figure) and times them with :func:`mpsearch.clock.time_runs`, as the held-out
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -27,11 +26,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results.py
-
-from _results import HERE, publish  # noqa: E402
-
-from mpsearch.clock import OFFSETS, placed_at, time_runs  # noqa: E402
+from benchmarks._results import HERE, publish
+from mpsearch.clock import OFFSETS, placed_at, time_runs
 
 MODELS = (("resnet fixture", HERE.parent / "tests" / "fixtures" / "resnet.onnx"),
           ("MobileNetV2", HERE / "_models" / "mobilenetv2_imagenet.onnx"))

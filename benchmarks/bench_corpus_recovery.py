@@ -1,22 +1,21 @@
 """Bias correction and cross-layer equalization across the real-model corpus.
 
-For every installed corpus model (``benchmarks/corpus.py``), uniform INT8 under ``x86_ort_auto``
-built four ways from the same calibration samples: plain, bias-corrected (the calibration
-split's input means, what ``recovery: {bias_correction: true}`` does), equalized (CLE, the
-pipeline's ``clip='skip'``) and both; and ORT's ``quantize_static`` on the same normalized
-float model (``tests/ort_baseline.py``). Each is scored on the held-out samples by the corpus
-metric (what ``tests/test_corpus.py`` compares) and by the output's median SQNR against FP32.
-The question it answers: should bias correction be on by default?
+For every installed corpus model (:mod:`mpsearch.testing.corpus`), uniform INT8 under
+``x86_ort_auto`` built four ways from the same calibration samples: plain, bias-corrected (the
+calibration split's input means, what ``recovery: {bias_correction: true}`` does), equalized
+(CLE, the pipeline's ``clip='skip'``) and both; and ORT's ``quantize_static`` on the same
+normalized float model (:mod:`mpsearch.testing.ort_baseline`). Each is scored on the held-out
+samples by the corpus metric (what ``tests/integration/test_corpus.py`` compares) and by the output's
+median SQNR against FP32. The question it answers: should bias correction be on by default?
 
 Run from the repository root (about 8 minutes on 2 cores)::
 
-    python benchmarks/bench_corpus_recovery.py [KEY ...]
+    python -m benchmarks.bench_corpus_recovery [KEY ...]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,16 +23,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-
-import corpus  # noqa: E402
-from corpus_check import _run, split_samples  # noqa: E402
-from ort_baseline import ort_int8  # noqa: E402
-
-import mpsearch  # noqa: E402
-from mpsearch.data import Dataset  # noqa: E402
-from mpsearch.recovery import correct_biases, equalize, input_means  # noqa: E402
+import mpsearch
+from mpsearch.data import Dataset
+from mpsearch.recovery import correct_biases, equalize, input_means
+from mpsearch.testing import corpus
+from mpsearch.testing.corpus_check import run_outputs, split_samples
+from mpsearch.testing.ort_baseline import ort_int8
 
 VARIANTS = ("plain", "bc", "cle", "cle+bc")
 
@@ -55,7 +50,7 @@ def run(model: corpus.CorpusModel, work: Path) -> dict[str, tuple[int, float]]:
     float_path = work / f"{model.key}.fp32.onnx"
     onnx.save(graph.model, float_path)
     output = graph.outputs[0].name
-    reference = _run(float_path, held, output)
+    reference = run_outputs(float_path, held, output)
     paths: dict[str, Path] = {}
     for cle in (False, True):
         g = equalize(graph) if cle else graph
@@ -71,7 +66,7 @@ def run(model: corpus.CorpusModel, work: Path) -> dict[str, tuple[int, float]]:
                             calibration.inputs)
     scores = {}
     for name, path in paths.items():
-        out = _run(path, held, output)
+        out = run_outputs(path, held, output)
         scores[name] = (int(model.metric(out, reference, held_labels)),
                         median_sqnr(out, reference))
     return scores

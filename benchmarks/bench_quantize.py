@@ -1,8 +1,8 @@
 """Issue 4: mpsearch's QDQ builder side by side with ``onnxruntime.quantization.quantize_static``.
 
-For each model (the fixture zoo on its held-out digits, the generated random-weight ResNet-18 and
-MobileNetV2 of ``benchmarks/models.py`` and the real ImageNet MobileNetV2 / EfficientNet-Lite0 of
-``benchmarks/real_models.py`` on the bundled photos) it measures
+For each model (the fixture zoo on its held-out digits, the generated random-weight ResNet-18
+and MobileNetV2 of :mod:`mpsearch.testing.architectures` and the real ImageNet MobileNetV2 /
+EfficientNet-Lite0 of ``benchmarks/real_models.py`` on the bundled photos) it measures
 
 (a) uniform INT8 quality: accuracy (labelled data) or top-1 agreement with FP32 (photos), ours
     versus ORT's, on the same validation split;
@@ -25,7 +25,7 @@ float round trip between integer kernels that the ORT fusions could not remove.
 
 Run from the repository root (about 10 minutes on 2 cores)::
 
-    .venv/bin/python benchmarks/bench_quantize.py
+    .venv/bin/python -m benchmarks.bench_quantize
 
 ``--models resnet18,mobilenetv2_imagenet`` runs a subset; ``--no-write`` skips updating the
 ``benchmarks/results/bench_quantize.md``; ``--profile`` prints a cProfile summary
@@ -65,19 +65,16 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 
+from benchmarks._results import publish
+from mpsearch.assignment import make_assignment, uniform_assignment
+from mpsearch.evaluate import Evaluator
+from mpsearch.graph import ModelGraph
+from mpsearch.pipeline import Prepared, prepare_inputs
+from mpsearch.quantize import Quantizer
+from mpsearch.runtime import Session, create_session
+from mpsearch.testing import architectures
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results.py
-
-from _results import load_sibling, publish  # noqa: E402
-
-from mpsearch.assignment import make_assignment, uniform_assignment  # noqa: E402
-from mpsearch.evaluate import Evaluator  # noqa: E402
-from mpsearch.graph import ModelGraph  # noqa: E402
-from mpsearch.pipeline import Prepared, prepare_inputs  # noqa: E402
-from mpsearch.quantize import Quantizer  # noqa: E402
-from mpsearch.runtime import Session, create_session  # noqa: E402
 
 LOG = logging.getLogger("bench_quantize")
 
@@ -147,17 +144,13 @@ def cases(work: Path) -> list[Case]:
     """Every benchmark model with its data (building the real models when missing)."""
     out = [Case(name=n, group="zoo", model=FIXTURES / f"{n}.onnx",
                 data=FIXTURES / "digits_eval.npz", calibration_samples=200) for n in ZOO]
-    real = load_sibling("real_models")
-    assert real is not None, "benchmarks/real_models.py is missing"
-    paths: dict[str, Path] = real.ensure_real_models()
-    generated = load_sibling("models")
-    if generated is None:
-        LOG.warning("benchmarks/models.py not found: generated ResNet-18/MobileNetV2 skipped")
-    else:
-        for name in ("resnet18", "mobilenetv2"):
-            out.append(Case(name=f"{name} (random)", group="generated",
-                            model=getattr(generated, name), data=paths["photos"],
-                            calibration_samples=64, validation_samples=256))
+    from benchmarks import real_models
+
+    paths: dict[str, Path] = real_models.ensure_real_models()
+    for name in ("resnet18", "mobilenetv2"):
+        out.append(Case(name=f"{name} (random)", group="generated",
+                        model=getattr(architectures, name), data=paths["photos"],
+                        calibration_samples=64, validation_samples=256))
     for name, calib in (("mobilenetv2_imagenet", 128), ("efficientnet_lite0", 64)):
         out.append(Case(name=name, group="real", model=paths[name], data=paths["photos"],
                         calibration_samples=calib))
@@ -404,7 +397,7 @@ def goals(rows: list[Row]) -> list[str]:
                    f"{r.name} ({_f(r.ours)} vs {_f(r.ort)})" for r in worse)))
     r18 = next((r for r in rows if r.name.startswith("resnet18")), None)
     if r18 is None:
-        out.append("(b), (c): ResNet-18 (benchmarks/models.py) was not in this run")
+        out.append("(b), (c): ResNet-18 (mpsearch/testing/architectures.py) was not in this run")
         return out
     for batch in BATCHES:
         ours, theirs = r18.ratio(batch, 1), r18.ratio(batch, 2)

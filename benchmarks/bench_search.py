@@ -2,7 +2,7 @@
 NSGA-II / uniform formats / the AIMET-style greedy path, by hypervolume of the (metric, size)
 front on the search split.
 
-    python benchmarks/bench_search.py [--budget 100] [--seeds 0 1] [--models sensitive ...]
+    python -m benchmarks.bench_search [--budget 100] [--seeds 0 1] [--models sensitive ...]
                                       [--real] [--reference-trials 300]
 
 Every method gets the same number of model evaluations, ours included its sensitivity
@@ -16,27 +16,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from mpsearch.analysis import Measurer
+from mpsearch.assignment import make_assignment, model_size, uniform_assignment
+from mpsearch.data import Dataset, load_data
+from mpsearch.pareto import dominates, hypervolume, nondominated
+from mpsearch.pipeline import Prepared, prepare_inputs
+from mpsearch.search import SearchSettings
+from mpsearch.search._seeds import group_nodes
+from mpsearch.search._study import _Objective, run_search
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results.py
-
-from _results import load_sibling  # noqa: E402
-
-from mpsearch.analysis import Measurer  # noqa: E402
-from mpsearch.assignment import make_assignment, model_size, uniform_assignment  # noqa: E402
-from mpsearch.data import Dataset, load_data  # noqa: E402
-from mpsearch.pareto import dominates, hypervolume, nondominated  # noqa: E402
-from mpsearch.pipeline import Prepared, prepare_inputs  # noqa: E402
-from mpsearch.search import SearchSettings  # noqa: E402
-from mpsearch.search._seeds import group_nodes  # noqa: E402
-from mpsearch.search._study import _Objective, run_search  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 Point = tuple[float, float]  # (metric, size bytes)
@@ -67,7 +61,7 @@ def _settings(trials: int, sampler: str, seed: int, seeding: bool, storage: Path
 
 def _measurer(prepared: Prepared) -> Measurer:
     """A fresh measurer (an empty cache: every method pays for its own evaluations)."""
-    return Measurer(prepared.quantizer(), prepared.validation)
+    return Measurer(prepared.quantizer, prepared.validation)
 
 
 def run_optuna(prepared: Prepared, method: str, budget: int, seed: int, tmp: Path) -> Run:
@@ -137,7 +131,7 @@ def model_inputs(names: Sequence[str], real: bool) -> list[tuple[str, Path, Data
     digits = load_data(FIXTURES / "digits_eval.npz")
     out = [(n, FIXTURES / f"{n}.onnx", digits) for n in names]
     if real:
-        models = load_sibling("real_models")
+        from benchmarks import real_models as models
         paths = models.ensure_real_models()  # type: ignore[attr-defined]
         photos = load_data(paths["photos"]).take(192)
         out.append(("mobilenetv2_imagenet", paths["mobilenetv2_imagenet"], photos))

@@ -17,7 +17,7 @@ Run directories go to ``runs/bench_sensitivity/<model>`` (gitignored); each mode
 (its run directories are deleted first) unless ``--resume`` is given. Run from the repository
 root::
 
-    .venv/bin/python benchmarks/bench_sensitivity.py
+    .venv/bin/python -m benchmarks.bench_sensitivity
 
 ``--models sensitive,mobilenetv2_imagenet`` runs a subset; ``--limit-real N`` sets the
 validation samples per evaluation of the real models (default 64; the fixtures use all 225);
@@ -37,17 +37,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks._results import publish
+from mpsearch.analysis import Analysis, kendall_tau
+from mpsearch.data import load_data
+from mpsearch.pipeline import analyze_prepared, prepare_inputs
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-sys.path.insert(0, str(ROOT))
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results.py
-
-from _results import load_sibling, publish  # noqa: E402
-
-from mpsearch.analysis import Analysis, kendall_tau  # noqa: E402
-from mpsearch.data import load_data  # noqa: E402
-from mpsearch.pipeline import analyze_prepared, prepare_inputs  # noqa: E402
 
 SECTION = "## Sensitivity"
 PROFILE = "x86_ort"
@@ -166,8 +162,11 @@ def main() -> None:
     wanted = [m.strip() for m in args.models.split(",") if m.strip()]
     out = Path(args.out)
     rows = []
-    models = load_sibling("real_models") if set(wanted) & set(REAL) else None
-    real = models.ensure_real_models() if models is not None else {}
+    real = {}
+    if set(wanted) & set(REAL):
+        from benchmarks import real_models
+
+        real = real_models.ensure_real_models()
     for name in wanted:
         if name in FIXTURES:
             rows.append(run_model(name, ROOT / "tests" / "fixtures" / f"{name}.onnx",
@@ -179,7 +178,7 @@ def main() -> None:
         else:
             raise SystemExit(f"unknown model '{name}'; use {', '.join((*FIXTURES, *REAL))}")
         print(table(rows[-1:]), flush=True)
-    command = "python benchmarks/bench_sensitivity.py " + " ".join(
+    command = "python -m benchmarks.bench_sensitivity " + " ".join(
         shlex.quote(a) for a in sys.argv[1:])
     text = "\n".join([
         SECTION, "",

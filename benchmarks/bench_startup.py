@@ -1,6 +1,6 @@
 """CLI start-up: ``mpsearch --version`` and ``mpsearch profiles list`` in fresh processes.
 
-    python benchmarks/bench_startup.py [--repeat 5] [--no-write]
+    python -m benchmarks.bench_startup [--repeat 5] [--no-write]
 
 Each command runs ``--repeat`` times in a new interpreter (the installed console script); the
 table gives the median wall time and the heavy modules the CLI process loaded (none expected:
@@ -16,11 +16,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results.py
-
-from _results import publish  # noqa: E402
+from benchmarks._results import publish
 
 HEAVY = ("numba", "onnxruntime", "optuna", "networkx")
 COMMANDS = (("--version",), ("profiles", "list"))
@@ -45,7 +42,7 @@ def main() -> None:
     if script is None:
         raise SystemExit("the mpsearch console script is not on PATH; pip install -e . first")
     lines = ["## CLI start-up", "",
-             f"Command: `python benchmarks/bench_startup.py --repeat {args.repeat}`; median of "
+             f"Command: `python -m benchmarks.bench_startup --repeat {args.repeat}`; median of "
              "fresh processes of the installed console script.", "",
              "| command | median s | heavy modules loaded |", "|---|---|---|"]
     for command in COMMANDS:

@@ -20,8 +20,8 @@ models with the corpus's own inputs, and ``transformer`` (tests/fixtures, labell
 
 Run from the repository root::
 
-    python benchmarks/bench_targets.py               # writes benchmarks/results/bench_targets.md
-    python benchmarks/bench_targets.py --toolchains vela --models transformer --no-write
+    python -m benchmarks.bench_targets               # writes benchmarks/results/bench_targets.md
+    python -m benchmarks.bench_targets --toolchains vela --models transformer --no-write
 """
 
 from __future__ import annotations
@@ -39,13 +39,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import load_sibling, publish  # noqa: E402
-
-from mpsearch.assignment import uniform_assignment  # noqa: E402
-from mpsearch.data import Dataset, load_data  # noqa: E402
-from mpsearch.pipeline import Prepared, prepare_inputs  # noqa: E402
-from mpsearch.targets import Compiled, Toolchain, toolchain  # noqa: E402
+from benchmarks._results import publish
+from mpsearch.assignment import uniform_assignment
+from mpsearch.data import Dataset, load_data
+from mpsearch.pipeline import Prepared, prepare_inputs
+from mpsearch.targets import Compiled, Toolchain, toolchain
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -55,7 +53,7 @@ Case = tuple[Path, Dataset, Metric, str]
 
 
 def _corpus(key: str, count: int) -> Case | str:
-    corpus = load_sibling("corpus")
+    from mpsearch.testing import corpus as corpus
     assert corpus is not None
     entry = corpus.by_key(key)
     path = entry.path()
@@ -67,7 +65,7 @@ def _corpus(key: str, count: int) -> Case | str:
 
 
 def _transformer(count: int) -> Case | str:
-    corpus = load_sibling("corpus")
+    from mpsearch.testing import corpus as corpus
     assert corpus is not None
     return (FIXTURES / "transformer.onnx", load_data(FIXTURES / "digits_eval.npz"),
             corpus.top1, "accuracy")
@@ -144,7 +142,7 @@ def _row(name: str, tool: Toolchain, prepared: Prepared, fmt: str, held: Dataset
     labels = held.labels
     settings = {} if prepared.profile.toolchain is None else dict(
         prepared.profile.toolchain.settings)
-    model = prepared.quantizer().build(uniform_assignment(prepared.graph, prepared.profile,
+    model = prepared.quantizer.build(uniform_assignment(prepared.graph, prepared.profile,
                                                           fmt))
     fp32 = _ort(prepared.graph.model, inputs)
     ours = _ort(model, inputs)

@@ -1,7 +1,7 @@
 """Search corpus models and compare the front's smallest point with ONNX Runtime's INT8.
 
-Usage: ``PYTHONPATH=benchmarks:tests python benchmarks/corpus_search.py KEY... [--trials N]
-[--out DIR]``. Per corpus key (``benchmarks/corpus.py``): the corpus search spec
+Usage: ``python -m benchmarks.corpus_search KEY... [--trials N]
+[--out DIR]``. Per corpus key (``mpsearch/testing/corpus.py``): the corpus search spec
 (:func:`corpus.write_search`: 64 calibration, 128 search and 128 held-out samples by
 construction, ``max_metric_drop: 0.05``), the whole search, the smallest front point exported
 (re-measured on the held-out split), ORT's ``quantize_static`` INT8 and our uniform INT8 built
@@ -9,8 +9,8 @@ from the run's calibration split; prints one table row of file sizes and held-ou
 
 ``--compare-recovery``: instead, per key, the same search twice, with the default ``recovery:
 auto`` and with ``recovery: off``, and their held-out fronts' hypervolumes in one box (metric
-up from the lowest of either front and the baselines, size up to 1.01x FP32's); with
-``--write``, the table goes to ``benchmarks/results/corpus_search.md``, or with ``--part NAME``
+up from the lowest of either front and the baselines, size up to 1.01x FP32's), written to
+``benchmarks/results/corpus_search.md`` (``--no-write``: printed only), or with ``--part NAME``
 to ``corpus_search_NAME.md`` (whole, with the command, commit, CPU int8 instruction set and
 onnxruntime version): a run on another set of models regenerates its own table only.
 """
@@ -20,21 +20,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import resource
-import sys
 import time
 from pathlib import Path
 
 import onnx
-from _results import publish  # benchmarks/ on PYTHONPATH
-from bench_pipeline import RECOVERIES
-from corpus import write_search
-from ort_baseline import ort_int8  # tests/ on PYTHONPATH
 
 import mpsearch
+from benchmarks._results import publish
+from benchmarks.bench_pipeline import RECOVERIES
 from mpsearch.pareto import hypervolume
 from mpsearch.pipeline import SearchRun, export_point, prepare, search_run
 from mpsearch.rundir import Front
 from mpsearch.spec import load_spec
+from mpsearch.testing.corpus import write_search
+from mpsearch.testing.ort_baseline import ort_int8
 
 
 def search_one(key: str, out: Path, trials: int) -> str:
@@ -50,7 +49,7 @@ def search_one(key: str, out: Path, trials: int) -> str:
     onnx.save(prepared.graph.model, out / "fp32.onnx")
     ort_int8(out / "fp32.onnx", out / "ort_int8.onnx", dict(prepared.calibration.inputs))
     int8 = mpsearch.uniform_assignment(prepared.graph, prepared.profile, "int8")
-    onnx.save(prepared.quantizer().build(int8), out / "int8.onnx")
+    onnx.save(prepared.quantizer.build(int8), out / "int8.onnx")
     size = {name: (out / f"{name}.onnx").stat().st_size
             for name in ("smallest", "ort_int8", "int8")}
     counts = ", ".join(f"{f} {c}" for f, c in
@@ -99,28 +98,27 @@ def compare(keys: list[str], out: Path, trials: int, write: bool, part: str) -> 
              "same, off | auto / off | auto vs off | wall (auto / off) |",
              "|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
-    command = "PYTHONPATH=benchmarks:tests python benchmarks/corpus_search.py " + " ".join(
-        sys.argv[1:])
     for key in keys:
         lines.append(compare_one(key, out / key, trials))
         print(lines[-1], flush=True)
         publish(f"corpus_search{part}", "# Recovery auto against off, corpus searches\n\n"
-                + "\n".join(lines) + "\n", write, command=command, echo=False)
+                + "\n".join(lines) + "\n", write, echo=False)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("keys", nargs="+", help="corpus keys (benchmarks/corpus.py)")
+    parser.add_argument("keys", nargs="+", help="corpus keys (mpsearch/testing/corpus.py)")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("corpus-searches"))
     parser.add_argument("--compare-recovery", action="store_true",
                         help="search each key with recovery auto and off; compare hypervolumes")
-    parser.add_argument("--write", action="store_true",
-                        help="with --compare-recovery: write benchmarks/results/corpus_search.md")
-    parser.add_argument("--part", help="with --write: write corpus_search_PART.md instead")
+    parser.add_argument("--no-write", action="store_true",
+                        help="with --compare-recovery: print only, do not write "
+                             "benchmarks/results/corpus_search.md")
+    parser.add_argument("--part", help="write corpus_search_PART.md instead")
     args = parser.parse_args()
     if args.compare_recovery:
-        compare(args.keys, args.out, args.trials, args.write,
+        compare(args.keys, args.out, args.trials, not args.no_write,
                 f"_{args.part}" if args.part else "")
         return
     print("| model | search metric | wall time | smallest front point (file) | its metric | "

@@ -4,28 +4,24 @@ Each probe is one TFLite operator (written with mpsearch's TFLite writer) on a [
 feature map in a given activation type and zero point; Vela says NPU or CPU and why, and
 TFLite's builtin kernels say whether they accept the file at all (the CPU fallback runs
 those kernels). A concept of its own (the profile's claims one operator at a time, not models
-through the toolchain: that is ``bench_targets.py``). ``python benchmarks/vela_probes.py``
+through the toolchain: that is ``bench_targets.py``). ``python -m benchmarks.vela_probes``
 writes benchmarks/results/vela_probes.md (``--no-write`` prints only).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import publish  # noqa: E402
-
-from mpsearch.targets import TargetError, VelaToolchain  # noqa: E402
-from mpsearch.targets._tflite_flat import FlatModel, FlatTensor  # noqa: E402
-from mpsearch.targets._vela import _interpreter, run_vela, vela_flags  # noqa: E402
-from mpsearch.targets._vela_report import read_report  # noqa: E402
+from benchmarks._results import publish
+from mpsearch.targets import TargetError, VelaToolchain
+from mpsearch.targets._tflite_flat import FlatModel, FlatTensor
+from mpsearch.targets._vela import _interpreter, run_vela, vela_flags
+from mpsearch.targets._vela_report import read_report
 
 SHAPE = (1, 8, 8, 16)
 ACCELERATORS = ("ethos-u55-128", "ethos-u85-256")

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+from _paths import FIXTURES
 from onnx import TensorProto, helper, numpy_helper
 
 from mpsearch.data import Dataset, load_data
 
-FIXTURES = Path(__file__).parent / "fixtures"
 #: Debian's Chromium (``apt-get install chromium``; ``.ci/run`` installs it): Playwright drives
 #: it, so the tests download no browser.
 CHROMIUM = Path("/usr/bin/chromium")

@@ -1,0 +1,102 @@
+"""Prefix reuse: a configuration measured on the sensitivity samples runs only what it changes,
+fed with FP32 tensors kept once, and scores what the whole model scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from _paths import FIXTURES
+from onnx import TensorProto, helper, numpy_helper
+
+import mpsearch
+from mpsearch.analysis import Measurer
+from mpsearch.analysis._prefix import FloatPrefix
+from mpsearch.data import Dataset
+from mpsearch.graph import load_model
+
+
+def _quantizer(model: str | onnx.ModelProto, data: Dataset) -> mpsearch.Quantizer:
+    graph = load_model(model)
+    return mpsearch.Quantizer(graph, mpsearch.calibrate(graph, data.take(64)),
+                              mpsearch.load_profile("x86_ort"))
+
+
+@pytest.mark.parametrize("fixture", ["mobilenetv2", "transformer", "resnet"])
+def test_single_node_rows_score_as_whole_model_runs(fixture: str, digits: Dataset) -> None:
+    """Every (node, format) row measured through the changed part scores the whole model's
+    agreement exactly and its output noise up to float rounding (ORT fuses FP32 nodes
+    differently when their tensors are outputs); most rows skip part of the model."""
+    quantizer = _quantizer(str(FIXTURES / f"{fixture}.onnx"), digits)
+    data = digits.take(96)
+    reused, whole = Measurer(quantizer, data, prefix_samples=32), Measurer(quantizer, data)
+    nodes = quantizer.graph.quantizable_nodes()
+    for node in nodes:
+        for fmt in ("int8", "int16"):
+            a, b = reused.measure({node.name: fmt}, samples=32), whole.measure(
+                {node.name: fmt}, samples=32)
+            assert a.metrics["agreement"] == b.metrics["agreement"]
+            assert a.metrics["mse"] == pytest.approx(b.metrics["mse"], rel=0.05, abs=1e-9)
+    assert reused.partial_runs >= len(nodes) and whole.partial_runs == 0
+
+
+def test_measuring_past_the_prefix_samples_continues_with_the_whole_model(
+        digits: Dataset) -> None:
+    """The race's next stage (64 samples) runs the rest on the whole model's session, which
+    its latency then times."""
+    quantizer = _quantizer(str(FIXTURES / "mobilenetv2.onnx"), digits)
+    data = digits.take(128)
+    reused, whole = Measurer(quantizer, data, prefix_samples=32), Measurer(quantizer, data)
+    last = quantizer.graph.quantizable_nodes()[-3].name
+    assert reused.measure({last: "int8"}, samples=32).samples == 32
+    assert reused.partial_runs == 1
+    state = reused._open
+    assert state is not None and state.session is None  # only the changed part ran
+    a, b = reused.measure({last: "int8"}, samples=96), whole.measure({last: "int8"}, samples=96)
+    assert a.samples == b.samples == 96 and a.metrics["agreement"] == b.metrics["agreement"]
+    assert state.session is not None
+    session = state.session
+    assert reused.latency({last: "int8"}, batch=64, repeat=2) > 0
+    assert reused._open is state and state.session is session  # timed on the same session
+
+
+def _two_heads() -> onnx.ModelProto:
+    """x -> MatMul a -> y (the primary output) and x -> MatMul b -> z."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(size=(8, 4)).astype(np.float32), name)
+               for name in ("wa", "wb")]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "wa"], ["y"], name="a"),
+         helper.make_node("MatMul", ["x", "wb"], ["z"], name="b")], "heads",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", 4])], initializer=weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_node_off_the_primary_output_scores_as_fp32_without_a_run() -> None:
+    x = np.random.default_rng(1).normal(size=(64, 8)).astype(np.float32)
+    data = Dataset(inputs={"x": x}, source="heads")
+    quantizer = _quantizer(_two_heads(), data)
+    reused = Measurer(quantizer, data, prefix_samples=32)
+    off = reused.measure({"b": "int8"}, samples=32)
+    assert off.metrics == reused.fp32(32).metrics and off.sqnr == float("inf")
+    on = reused.measure({"a": "int8"}, samples=32)
+    assert on.metrics == Measurer(quantizer, data).measure({"a": "int8"}, samples=32).metrics
+    assert reused.partial_runs == 1  # "a" changes most of this two-node model: run whole
+
+
+def test_without_kept_tensors_a_candidate_runs_whole(digits: Dataset) -> None:
+    """With no memory for kept tensors every candidate would recompute its whole prefix: the
+    cut declines and the measurer runs the whole model."""
+    quantizer = _quantizer(str(FIXTURES / "mobilenetv2.onnx"), digits)
+    graph = quantizer.graph
+    feeds = next(iter(digits.take(32).batches(32)))
+    starved, kept = FloatPrefix(graph, feeds, budget=0), FloatPrefix(graph, feeds)
+    assert set(starved.kept) == set(feeds)
+    deep = graph.quantizable_nodes()[-3].name
+    model = quantizer.build({deep: "int8"})
+    assert starved.cut(model, graph.outputs[0].name) is None
+    cut = kept.cut(model, graph.outputs[0].name)
+    assert cut is not None and cut.model is not None
+    assert cut.nodes < len(model.graph.node) // 4
