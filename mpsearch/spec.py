@@ -365,7 +365,10 @@ class SearchSpec:
         for key, value in changes.items():
             if value is None:
                 continue
-            if key in _SECTIONS and isinstance(value, dict):
+            if key in _SECTIONS:
+                if not isinstance(value, dict):
+                    raise SpecError(f"{key}: a section takes a mapping of its settings "
+                                    f"({', '.join(sorted(_FIELDS[key]))}), got {value!r}")
                 sections.setdefault(key, {}).update(
                     {k: v for k, v in value.items() if v is not None})
             elif key in _SETTINGS:
