@@ -5,10 +5,11 @@ For every installed corpus model (:mod:`mpsearch.testing.corpus`), uniform INT8 
 calibration split's input means, what ``recovery: {bias_correction: true}`` does), equalized
 (CLE, the pipeline's ``clip='skip'``) and both; and ORT's ``quantize_static`` on the same
 normalized float model (:mod:`mpsearch.testing.ort_baseline`). Each is scored on the held-out
-samples by the corpus metric (what ``tests/integration/test_corpus.py`` compares) and by the output's
-median SQNR against FP32. The question it answers: should bias correction be on by default?
+samples by the corpus metric (what ``tests/integration/test_corpus.py`` compares) and by
+the output's median SQNR against FP32. The question it answers: should bias correction be on
+by default?
 
-Run from the repository root (about 8 minutes on 2 cores)::
+Run from the repository root::
 
     python -m benchmarks.bench_corpus_recovery [KEY ...]
 """

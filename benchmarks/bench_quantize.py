@@ -1,4 +1,4 @@
-"""Issue 4: mpsearch's QDQ builder side by side with ``onnxruntime.quantization.quantize_static``.
+"""mpsearch's QDQ builder side by side with ``onnxruntime.quantization.quantize_static``.
 
 For each model (the fixture zoo on its held-out digits, the generated random-weight ResNet-18
 and MobileNetV2 of :mod:`mpsearch.testing.architectures` and the real ImageNet MobileNetV2 /
@@ -23,7 +23,7 @@ the QuantizeLinear/DequantizeLinear left in ORT's *optimized* session graph
 (``SessionOptions.optimized_model_filepath``) for ours and ORT's model: a left-over pair is a
 float round trip between integer kernels that the ORT fusions could not remove.
 
-Run from the repository root (about 10 minutes on 2 cores)::
+Run from the repository root::
 
     .venv/bin/python -m benchmarks.bench_quantize
 

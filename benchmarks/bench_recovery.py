@@ -1,4 +1,4 @@
-"""Issue 16: uniform INT8 with and without accuracy recovery, and ORT's ``quantize_static``.
+"""Uniform INT8 with and without accuracy recovery, and ORT's ``quantize_static``.
 
 For MobileNetV2-ImageNet and EfficientNet-Lite0 (``benchmarks/real_models.py``) on the bundled
 photos, uniform INT8 under the ``x86_ort_auto`` profile (which names ``x86_ort`` on CPUs with

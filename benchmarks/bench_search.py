@@ -7,7 +7,7 @@ front on the search split.
 
 Every method gets the same number of model evaluations, ours included its sensitivity
 measurements (one per group and lower format). The reference hypervolume is that of the pooled
-best points of every run plus one long seeded run. Goals (issue 6): ours >= 99 % of the
+best points of every run plus one long seeded run. Goals: ours >= 99 % of the
 reference hypervolume within the budget; no greedy point dominates our front; where uniform
 INT8 loses >= 3 points, a front point within 1 point of FP32 at <= 1.25x the INT8 size.
 """

@@ -1,4 +1,4 @@
-"""Issue 5: layer-wise sensitivity on the fixture zoo and the real ImageNet models.
+"""Layer-wise sensitivity on the fixture zoo and the real ImageNet models.
 
 For each model (the seven fixtures on their held-out digits; the real ImageNet MobileNetV2 and
 EfficientNet-Lite0 of ``benchmarks/real_models.py`` on its photos, scored by top-1 agreement

@@ -4,8 +4,8 @@
 
 Each command runs ``--repeat`` times in a new interpreter (the installed console script); the
 table gives the median wall time and the heavy modules the CLI process loaded (none expected:
-``import mpsearch.cli`` must not pull in numba, onnxruntime, optuna or networkx; the goal of
-issue 13 is < 0.7 s for both commands). Timed here, never asserted in a test.
+``import mpsearch.cli`` must not pull in numba, onnxruntime, optuna or networkx; the goal is
+under 0.7 s for both commands). Timed here, never asserted in a test.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 35: the same models through every target toolchain (QNN HTP, RKNN rk3588, Vela
+"""The same models through every target toolchain (QNN HTP, RKNN rk3588, Vela
 Ethos-U55), each row our QDQ export as the target compiles and computes it.
 
 For each toolchain (its profile: ``qnn_htp``, ``rk3588``, ``ethos_u55``, whose ``toolchain:``

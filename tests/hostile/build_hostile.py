@@ -1,4 +1,5 @@
-"""Build the hostile-input corpus of tests/integration/test_hostile.py (small files; run from anywhere).
+"""Build the hostile-input corpus of tests/integration/test_hostile.py (small files; run from
+anywhere).
 
 Every file is tiny on disk and hostile when decoded or run:
 

@@ -239,7 +239,8 @@ def test_weight_axis_and_weight_format() -> None:
     assert load_profile("qnn_htp").weight_axis("ConvTranspose", {}) == 1
     u55 = load_profile("ethos_u55")
     assert u55.weight_format("Conv", "int8").granularity == "per_channel"
-    # per-channel FULLY_CONNECTED runs on the NPU (Vela 5.2.0; tests/integration/test_targets_vela.py)
+    # per-channel FULLY_CONNECTED runs on the NPU (Vela 5.2.0;
+    # tests/integration/test_targets_vela.py)
     assert u55.weight_format("Gemm", "int8").granularity == "per_channel"
     assert load_profile("qnn_htp").weight_format("Gemm", "int8").granularity == "per_tensor"
     assert u55.weight_format("Gemm", "fp32").is_float
@@ -329,7 +330,7 @@ def test_extends_local_file_deep_merges(tmp_path: Path) -> None:
 
 
 def test_extends_relative_path(tmp_path: Path) -> None:
-    """A path inside the profile's folder (``..`` is refused: issue 17)."""
+    """A path inside the profile's folder (``..`` is refused)."""
     (tmp_path / "boards").mkdir()
     _write(tmp_path, BASE, "boards/base.yaml")
     child = _write(tmp_path, "schema: 1\nextends: boards/base.yaml\nfallback: error\n",

@@ -362,7 +362,8 @@ def test_fp16_resnet_on_qnn_htp_scores_fp32_accuracy(
     tables: dict[str, tuple[ModelGraph, object]], digits: Dataset,
     fp32_logits: dict[str, np.ndarray],
 ) -> None:
-    """Issue 17: Relu/Clip were dropped under FP16 Casts (0.169 against 0.989)."""
+    """FP16 Casts keep every Relu of the ResNet, and its accuracy stays within FP16's margin of
+    FP32's."""
     graph, table = tables["resnet"]
     profile = load_profile("qnn_htp")
     model = build_qdq(graph, table, profile,  # type: ignore[arg-type]
