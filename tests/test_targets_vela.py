@@ -27,11 +27,15 @@ FIXTURES = Path(__file__).parent / "fixtures"
 SAMPLES = 100
 #: TFLite requantizes with a 31-bit fixed-point multiplier and ONNX Runtime in float, so an
 #: output code may differ by a rounding step that later layers carry on; measured worst cases
-#: (100 digits): ResNet 2 steps, MobileNetV2 2, the transformer 4 (its GELU rounds once where
-#: the QDQ chain rounds four times). These are for per-channel Gemm/MatMul weights (what the
-#: Ethos-U profiles ask for, as Vela 5.2.0 runs per-channel FULLY_CONNECTED on the NPU); with
-#: per-tensor weights the same tests measured ResNet 1 step and the transformer 3.
-MAX_STEPS = {"resnet": 2, "mobilenetv2": 2, "transformer": 4}
+#: (100 digits): ResNet 2 steps, MobileNetV2 2, SqueezeNet 1, the transformer 4 (its GELU
+#: rounds once where the QDQ chain rounds four times). These are for per-channel Gemm/MatMul
+#: weights (what the Ethos-U profiles ask for, as Vela 5.2.0 runs per-channel FULLY_CONNECTED
+#: on the NPU); with per-tensor weights the same tests measured ResNet 1 step and the
+#: transformer 3.
+MAX_STEPS = {"resnet": 2, "mobilenetv2": 2, "squeezenet": 1, "transformer": 4}
+#: The same for uniform int16, whose steps are over a hundred times finer than int8's, measured
+#: on SqueezeNet (100 digits): 4 steps.
+MAX_STEPS_INT16 = {"squeezenet": 4}
 
 
 def _prepared(name: str, digits: Dataset) -> Prepared:
@@ -96,7 +100,10 @@ def _agreement(vela: VelaToolchain, compiled: Compiled, model: onnx.ModelProto,
     session = ort.InferenceSession(model.SerializeToString(),
                                    providers=["CPUExecutionProvider"])
     theirs = session.run(None, {"input": x})[0]
-    out = [n for n in model.graph.node if n.output[0] == model.graph.output[0].name][0]
+    producers = {o: n for n in model.graph.node for o in n.output}
+    out = producers[model.graph.output[0].name]
+    while out.op_type != "DequantizeLinear":  # back through data movement (a Flatten)
+        out = producers[out.input[0]]
     step = float(onnx.numpy_helper.to_array(
         next(i for i in model.graph.initializer if i.name == out.input[1])))
     worst = float(np.abs(ours - theirs).max()) / step
@@ -125,6 +132,24 @@ def test_int8_fully_on_the_npu_and_matches_ort(name: str, digits: Dataset, tmp_p
     assert [p.unit for p in compiled.placements if p.node == gemm.name] == ["accelerator"]
     worst, agree = _agreement(vela, compiled, model, digits)
     assert worst <= MAX_STEPS[name] + 1e-3
+    assert agree >= 0.98
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int16"])
+def test_squeezenet_concat_of_two_grids_matches_ort(fmt: str, digits: Dataset, tmp_path: Path,
+                                                    vela: VelaToolchain) -> None:
+    """SqueezeNet's fire modules concatenate two ReLU outputs calibrated on their own grids:
+    TFLite's int8 CONCATENATION refuses inputs on another grid than its output's and int16
+    copies them unscaled, so the writer requantizes them; all on the NPU, within the fixtures'
+    rounding steps of ONNX Runtime."""
+    prep = _prepared("squeezenet", digits)
+    model = prep.quantizer().build(uniform_assignment(prep.graph, prep.profile, fmt))
+    compiled = _compile(vela, model, tmp_path, digits)
+    _check_against_vela(compiled)
+    assert compiled.fallback == ()
+    worst, agree = _agreement(vela, compiled, model, digits)
+    steps = MAX_STEPS if fmt == "int8" else MAX_STEPS_INT16
+    assert worst <= steps["squeezenet"] + 1e-3
     assert agree >= 0.98
 
 
@@ -285,3 +310,60 @@ def test_asymmetric_int16_is_refused_by_u85_and_tflite(tmp_path: Path,
     assert relu.unit == "cpu" and "Zero-point" in relu.reason.replace("ZeroPoint", "Zero-point")
     with pytest.raises(TargetError, match="zero_point"):
         vela.run(compiled, {"input": np.zeros((1, 1, 8, 8, 16), np.float32)[0]})
+
+
+@pytest.mark.parametrize("dtype", [onnx.TensorProto.INT8, onnx.TensorProto.INT16])
+def test_average_pool_onto_another_grid_matches_ort(dtype: int, tmp_path: Path,
+                                                    vela: VelaToolchain) -> None:
+    """TFLite's integer AVERAGE_POOL_2D averages codes without rescaling (open_nsfw's 7x7 pool
+    before its classifier): the writer pools on the input's grid, then requantizes. The mean
+    rounds on the input grid (half an input step, 1/3 of an output step here) and again on
+    the output grid, where ONNX Runtime rounds once: at most one output step apart."""
+    model = _qdq_chain("AveragePool", 0.02, 0.03, dtype, ["N", 8, 6, 6],
+                       kernel_shape=[3, 3], strides=[3, 3])
+    x = np.random.default_rng(1).uniform(-2.4, 2.4, (4, 1, 8, 6, 6)).astype(np.float32)
+    compiled = vela.compile(model, tmp_path, calibration=[], settings={})
+    assert compiled.fallback == ()
+    for sample in x:
+        ours, theirs = vela.run(compiled, {"input": sample})[0], _ort(model, sample)
+        assert np.abs(ours - theirs).max() <= 0.03 * (1 + 1e-3)
+
+
+def _two_grids(op: str, dtype: int, **attrs: object) -> onnx.ModelProto:
+    """a, b -> Q/DQ each on its own grid -> op -> Q/DQ on a third grid -> output."""
+    h = onnx.helper
+    grids = {"a": 0.0213, "b": 0.0371, "y": 0.0433}
+    inits = [h.make_tensor("z", dtype, [], [0])] + [
+        h.make_tensor(f"s_{t}", onnx.TensorProto.FLOAT, [], [s]) for t, s in grids.items()]
+    nodes = []
+    for t, src in (("a", "a"), ("b", "b"), ("y", "y_raw")):
+        if t == "y":
+            nodes.append(h.make_node(op, ["a_dq", "b_dq"], ["y_raw"], name="op", **attrs))
+        nodes += [h.make_node("QuantizeLinear", [src, f"s_{t}", "z"], [f"{t}_q"], name=f"q_{t}"),
+                  h.make_node("DequantizeLinear", [f"{t}_q", f"s_{t}", "z"],
+                              ["y" if t == "y" else f"{t}_dq"], name=f"dq_{t}")]
+    inputs = [h.make_tensor_value_info(t, onnx.TensorProto.FLOAT, [1, 4, 4, 4]) for t in "ab"]
+    graph = h.make_graph(nodes, "two", inputs,
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                         initializer=inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 21)])
+
+
+@pytest.mark.parametrize("dtype", [onnx.TensorProto.INT8, onnx.TensorProto.INT16])
+@pytest.mark.parametrize(("op", "attrs"), [("Concat", {"axis": 1}), ("Max", {}), ("Min", {})])
+def test_inputs_on_other_grids_are_requantized(op: str, attrs: dict[str, object], dtype: int,
+                                               tmp_path: Path, vela: VelaToolchain) -> None:
+    """TFLite's integer CONCATENATION, MAXIMUM and MINIMUM copy codes without rescaling (int8
+    CONCATENATION refuses other grids, int16 copies them as they are: squeezenet's fire
+    modules): each input is requantized onto the output's grid first, the one rounding ONNX
+    Runtime's QuantizeLinear makes after the float op; TFLite's fixed-point requantization
+    may land on the neighbouring code: one output step."""
+    model = _two_grids(op, dtype, **attrs)
+    rng = np.random.default_rng(2)
+    compiled = vela.compile(model, tmp_path, calibration=[], settings={})
+    assert compiled.fallback == ()
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for _ in range(4):
+        feeds = {t: rng.uniform(-2, 2, (1, 4, 4, 4)).astype(np.float32) for t in "ab"}
+        ours, theirs = vela.run(compiled, feeds)[0], session.run(None, feeds)[0]
+        assert np.abs(ours - theirs).max() <= 0.0433 * (1 + 1e-3)

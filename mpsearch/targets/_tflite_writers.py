@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from mpsearch.targets._tflite_lower import QParams, Value
-from mpsearch.targets._tflite_ops import Node, nhwc_const, refuse
+from mpsearch.targets._tflite_ops import Node, nhwc_const, quantize, refuse
 
 __all__ = ["WRITERS"]
 
@@ -203,6 +203,36 @@ def _elementwise(code: str, options: str | None = None, **fields: object
     return write
 
 
+def _extremum(code: str) -> Callable[[Node], list[Value]]:
+    """MAXIMUM / MINIMUM. TFLite's integer kernels compare and copy codes without rescaling,
+    so an integer node reads every input on the output's grid: activations on another grid
+    are requantized onto it, constants' codes computed on it. The one rounding per value is
+    ONNX Runtime's QuantizeLinear after the float extremum (rounding is monotonic)."""
+    plain = _elementwise(code)
+
+    def write(n: Node) -> list[Value]:
+        grid = n.out_q[0]
+        if grid is None:
+            return plain(n)
+        shape = _out_shape(n)
+        acts = [v for v in n.ins if v is not None and not v.constant]
+        nhwc = len(shape) == 4 and any(v.nhwc for v in acts)
+        if nhwc and any(len(v.shape) != 4 for v in acts):
+            raise refuse("broadcast between a rank-4 tensor and a lower-rank one")
+        inputs = []
+        for i, v in enumerate(n.ins):
+            if v is None:
+                continue
+            if v.constant:
+                inputs.append(n.low.const(f"{n.name}_k{i}", nhwc_const(
+                    quantize(v.real(), grid), len(shape), nhwc), grid))
+            else:
+                inputs.append(n.on_grid(n.x(i, nhwc=nhwc if len(v.shape) == 4 else None),
+                                        grid).index or 0)
+        return [n.emit(code, tuple(inputs), n.output(0, shape, nhwc))]
+    return write
+
+
 def _unary(code: str, options: str | None = None, **fields: object
            ) -> Callable[[Node], list[Value]]:
     def write(n: Node) -> list[Value]:
@@ -282,8 +312,8 @@ def _pool(code: str) -> Callable[[Node], list[Value]]:
         if any(pads) or (code == "AVERAGE_POOL_2D" and mode == SAME
                          and n.attr("count_include_pad", 0)):
             raise refuse("pooling pads that TFLite's SAME/VALID cannot express")
-        return [n.emit(code, (x.index or 0,), n.output(0, _out_shape(n), nhwc=True),
-                       "Pool2DOptions", padding=mode, stride_w=strides[1], stride_h=strides[0],
+        return [n.onto(code, (x.index or 0,), x.q, _out_shape(n), True, "Pool2DOptions",
+                       padding=mode, stride_w=strides[1], stride_h=strides[0],
                        filter_width=kernel[1], filter_height=kernel[0],
                        fused_activation_function=0)]
     return write
@@ -295,7 +325,7 @@ WRITERS: dict[str, Callable[[Node], list[Value]]] = {
     "Sub": _elementwise("SUB", "SubOptions", fused_activation_function=0, pot_scale_int16=False),
     "Mul": _elementwise("MUL", "MulOptions", fused_activation_function=0),
     "Div": _elementwise("DIV", "DivOptions", fused_activation_function=0),
-    "Max": _elementwise("MAXIMUM"), "Min": _elementwise("MINIMUM"),
+    "Max": _extremum("MAXIMUM"), "Min": _extremum("MINIMUM"),
     "Relu": _unary("RELU"), "Clip": _clip, "Sigmoid": _unary("LOGISTIC"),
     "Tanh": _unary("TANH"), "HardSwish": _unary("HARD_SWISH"), "Gelu": _gelu,
     "Exp": _unary("EXP"),
@@ -306,4 +336,3 @@ WRITERS: dict[str, Callable[[Node], list[Value]]] = {
     "LeakyRelu": lambda n: _unary("LEAKY_RELU", "LeakyReluOptions",
                                   alpha=n.number("alpha", 0.01))(n),
 }
-
