@@ -367,3 +367,33 @@ def test_inputs_on_other_grids_are_requantized(op: str, attrs: dict[str, object]
         feeds = {t: rng.uniform(-2, 2, (1, 4, 4, 4)).astype(np.float32) for t in "ab"}
         ours, theirs = vela.run(compiled, feeds)[0], session.run(None, feeds)[0]
         assert np.abs(ours - theirs).max() <= 0.0433 * (1 + 1e-3)
+
+
+def test_shape_arithmetic_through_casts_is_folded(tmp_path: Path, vela: VelaToolchain) -> None:
+    """Paddle2ONNX flattens with Shape -> Cast int32 -> Slice -> Cast int64 -> Concat ->
+    Reshape (ppocr_cls's classifier input, opset 11), which ONNX's shape inference does not
+    follow at that opset: folded, the Reshape and what reads it have static shapes. The values
+    are moved, not computed: TFLite and ONNX Runtime agree exactly."""
+    model = _qdq_chain("Reshape", 0.02, 0.02, onnx.TensorProto.INT8, ["N", 8, 1, 1])
+    model.opset_import[0].version = 11
+    h = onnx.helper
+    graph = model.graph
+    graph.node[2].input.append("target")
+    graph.node.insert(2, h.make_node("Shape", ["x"], ["shape"], name="shape"))
+    graph.node.insert(3, h.make_node("Cast", ["shape"], ["shape32"], name="cast32",
+                                     to=onnx.TensorProto.INT32))
+    graph.node.insert(4, h.make_node("Slice", ["shape32", "zero", "one"], ["batch32"],
+                                     name="slice"))
+    graph.node.insert(5, h.make_node("Cast", ["batch32"], ["batch"], name="cast64",
+                                     to=onnx.TensorProto.INT64))
+    graph.node.insert(6, h.make_node("Concat", ["batch", "width"], ["target"], name="concat",
+                                     axis=0))
+    graph.initializer.extend([
+        h.make_tensor("zero", onnx.TensorProto.INT32, [1], [0]),
+        h.make_tensor("one", onnx.TensorProto.INT32, [1], [1]),
+        h.make_tensor("width", onnx.TensorProto.INT64, [1], [8])])
+    x = np.random.default_rng(3).uniform(-2, 2, (1, 8, 1, 1)).astype(np.float32)
+    compiled = vela.compile(model, tmp_path, calibration=[{"input": x}], settings={})
+    ours, theirs = vela.run(compiled, {"input": x})[0], _ort(model, x)
+    assert ours.shape == theirs.shape == (1, 8)
+    np.testing.assert_array_equal(ours, theirs)
