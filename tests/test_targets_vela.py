@@ -243,18 +243,21 @@ def test_an_op_without_a_tflite_builtin_is_named(digits: Dataset, tmp_path: Path
 
 
 def _qdq_chain(op: str, in_scale: float, out_scale: float, dtype: int, shape: list[int | str],
-               **attrs: object) -> onnx.ModelProto:
-    """input -> Q/DQ (in_scale) -> op -> Q/DQ (out_scale) -> output, opset 21."""
+               out_zero: int = 0, **attrs: object) -> onnx.ModelProto:
+    """input -> Q/DQ (in_scale, zero point 0) -> op -> Q/DQ (out_scale, out_zero) -> output,
+    opset 21."""
     h = onnx.helper
-    zero = 0
+    zero, zo = 0, "zo" if out_zero else "z"
     inits = [h.make_tensor("si", onnx.TensorProto.FLOAT, [], [in_scale]),
              h.make_tensor("so", onnx.TensorProto.FLOAT, [], [out_scale]),
              h.make_tensor("z", dtype, [], [zero])]
+    if out_zero:
+        inits.append(h.make_tensor("zo", dtype, [], [out_zero]))
     nodes = [h.make_node("QuantizeLinear", ["input", "si", "z"], ["xq"], name="q_in"),
              h.make_node("DequantizeLinear", ["xq", "si", "z"], ["x"], name="dq_in"),
              h.make_node(op, ["x"], ["y_raw"], name="op", **attrs),
-             h.make_node("QuantizeLinear", ["y_raw", "so", "z"], ["yq"], name="q_out"),
-             h.make_node("DequantizeLinear", ["yq", "so", "z"], ["y"], name="dq_out")]
+             h.make_node("QuantizeLinear", ["y_raw", "so", zo], ["yq"], name="q_out"),
+             h.make_node("DequantizeLinear", ["yq", "so", zo], ["y"], name="dq_out")]
     graph = h.make_graph(nodes, "chain",
                          [h.make_tensor_value_info("input", onnx.TensorProto.FLOAT, shape)],
                          [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
@@ -310,6 +313,45 @@ def test_asymmetric_int16_is_refused_by_u85_and_tflite(tmp_path: Path,
     assert relu.unit == "cpu" and "Zero-point" in relu.reason.replace("ZeroPoint", "Zero-point")
     with pytest.raises(TargetError, match="zero_point"):
         vela.run(compiled, {"input": np.zeros((1, 1, 8, 8, 16), np.float32)[0]})
+
+
+@pytest.mark.parametrize(("dtype", "in_scale", "out_scale", "out_zero"), [
+    (onnx.TensorProto.INT8, 0.05, 1 / 255, -128),       # the grid is [0, 1]
+    (onnx.TensorProto.INT8, 0.031, 0.8 / 255, -128),    # saturates below 1
+    (onnx.TensorProto.INT16, 8 / 32767, 1 / 32767, 0),  # fused RELU, saturation at 1
+    (onnx.TensorProto.INT16, 8 / 32767, 1.5 / 32767, 0)])  # reaches above 1: MINIMUM
+def test_hard_sigmoid_on_the_npu_matches_ort(dtype: int, in_scale: float, out_scale: float,
+                                             out_zero: int, tmp_path: Path,
+                                             vela: VelaToolchain) -> None:
+    """TFLite has no HARD_SIGMOID (ppocr_cls's squeeze-excite gates, alpha 0.2): the writer's
+    MUL / ADD / clamp rounds once, as ONNX Runtime's QuantizeLinear after the float op; TFLite
+    breaks ties away from zero where ONNX Runtime rounds them to even: one output step."""
+    model = _qdq_chain("HardSigmoid", in_scale, out_scale, dtype, ["N", 8, 4, 4], out_zero,
+                       alpha=0.2, beta=0.5)
+    x = np.random.default_rng(0).uniform(-6, 6, (4, 1, 8, 4, 4)).astype(np.float32)
+    compiled = vela.compile(model, tmp_path, calibration=[], settings={})
+    _check_against_vela(compiled)
+    assert compiled.fallback == () and compiled.cost["cpu_ops"] == 0
+    for sample in x:
+        ours, theirs = vela.run(compiled, {"input": sample})[0], _ort(model, sample)
+        assert np.abs(ours - theirs).max() <= out_scale * (1 + 1e-3)
+
+
+def test_float_hard_sigmoid_falls_back_and_matches_ort(tmp_path: Path,
+                                                       vela: VelaToolchain) -> None:
+    """A HardSigmoid the assignment leaves float (its output read by no QuantizeLinear) is
+    written as float MUL / ADD / RELU_0_TO_1 behind DEQUANTIZE, on the CPU; float32 both
+    sides, so within float32 rounding of ONNX Runtime."""
+    model = _qdq_chain("HardSigmoid", 0.05, 1.0, onnx.TensorProto.INT8, ["N", 8, 4, 4],
+                       alpha=0.2, beta=0.5)
+    del model.graph.node[3:]
+    model.graph.output[0].name = "y_raw"
+    x = np.random.default_rng(0).uniform(-6, 6, (1, 8, 4, 4)).astype(np.float32)
+    compiled = vela.compile(model, tmp_path, calibration=[], settings={})
+    _check_against_vela(compiled)
+    (op,) = [p for p in compiled.placements if p.node == "op"]
+    assert op.unit == "cpu" and op.precision == "fp32"
+    np.testing.assert_allclose(vela.run(compiled, {"input": x})[0], _ort(model, x), atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [onnx.TensorProto.INT8, onnx.TensorProto.INT16])

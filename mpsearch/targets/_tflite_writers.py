@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from mpsearch.targets._tflite_lower import QParams, Value
-from mpsearch.targets._tflite_ops import Node, nhwc_const, quantize, refuse
+from mpsearch.targets._tflite_ops import Node, limits, nhwc_const, quantize, refuse
 
 __all__ = ["WRITERS"]
 
@@ -302,6 +302,57 @@ def _reciprocal(n: Node) -> list[Value]:
                    fused_activation_function=0)]
 
 
+def _hard_sigmoid(n: Node) -> list[Value]:
+    """HardSigmoid, max(0, min(1, alpha * x + beta)), as MUL, ADD and a clamp (TFLite has no
+    HARD_SIGMOID builtin). Integer: the MUL by alpha (code 1 on scale alpha) writes x's codes
+    onto the grid (alpha * s_x, z_x), an exact relabelling, so the ADD of beta onto the output
+    grid is the one rounding, as in ONNX Runtime's float HardSigmoid before its QuantizeLinear.
+    The clamp is RELU_0_TO_1 on the output grid; int16, which TFLite's RELU_0_TO_1 does not
+    take, clamps with the ADD's fused RELU and, when the grid reaches above 1, a MINIMUM with
+    1's code (both exact: rounding is monotonic)."""
+    alpha, beta = n.number("alpha", 0.2), n.number("beta", 0.5)
+    x, want = n.x(0), n.out_q[0]
+    rank, shape, nhwc = len(x.shape), x.shape, x.nhwc
+
+    def k(tag: str, value: float, grid: QParams | None = None) -> int:
+        kind = np.float32 if grid is None else np.dtype(grid.dtype)
+        return n.low.const(f"{n.name}_{tag}", np.full((1,) * rank, value, kind), grid)
+
+    add = {"fused_activation_function": 0, "pot_scale_int16": False}
+    if x.q is None or want is None:
+        scaled = n.emit("MUL", (x.index or 0, k("alpha", alpha)),
+                        n.scratch("scaled", shape, None, nhwc), "MulOptions",
+                        fused_activation_function=0)
+        shifted = n.emit("ADD", (scaled.index or 0, k("beta", beta)),
+                         n.scratch("shifted", shape, None, nhwc), "AddOptions", **add)
+        return [n.emit("RELU_0_TO_1", (shifted.index or 0,), n.output(0, shape, nhwc))]
+    if alpha <= 0 or x.q.dtype != want.dtype:
+        raise refuse("integer HardSigmoid with alpha <= 0 or from one integer type to another")
+    hi = limits(want.dtype)[1]
+
+    def grid(scale: float, zero: np.ndarray | int = 0) -> QParams:
+        return QParams(scale=np.array([scale], np.float32),
+                       zero=np.asarray(zero, np.int64).reshape(-1), dtype=want.dtype)
+
+    relabelled = grid(float(x.q.scale.reshape(-1)[0]) * alpha, x.q.zero)
+    scaled = n.emit("MUL", (x.index or 0, k("alpha", 1, grid(alpha))),
+                    n.scratch("scaled", shape, relabelled, nhwc), "MulOptions",
+                    fused_activation_function=0)
+    beta_k = k("beta", float(np.sign(beta) * hi), grid(abs(beta) / hi if beta else alpha))
+    if want.dtype != "int16":
+        shifted = n.emit("ADD", (scaled.index or 0, beta_k),
+                         n.scratch("shifted", shape, want, nhwc), "AddOptions", **add)
+        return [n.emit("RELU_0_TO_1", (shifted.index or 0,), n.output(0, shape, nhwc))]
+    one = int(quantize(np.ones(1), want)[0])
+    if one >= hi:  # the grid ends at or below 1: saturation is the upper clamp
+        return [n.emit("ADD", (scaled.index or 0, beta_k), n.output(0, shape, nhwc),
+                       "AddOptions", **{**add, "fused_activation_function": 1})]
+    shifted = n.emit("ADD", (scaled.index or 0, beta_k), n.scratch("shifted", shape, want, nhwc),
+                     "AddOptions", **{**add, "fused_activation_function": 1})
+    return [n.emit("MINIMUM", (shifted.index or 0, k("one", one, want)),
+                   n.output(0, shape, nhwc))]
+
+
 def _pool(code: str) -> Callable[[Node], list[Value]]:
     def write(n: Node) -> list[Value]:
         x = n.x(0, nhwc=True)
@@ -328,6 +379,7 @@ WRITERS: dict[str, Callable[[Node], list[Value]]] = {
     "Max": _extremum("MAXIMUM"), "Min": _extremum("MINIMUM"),
     "Relu": _unary("RELU"), "Clip": _clip, "Sigmoid": _unary("LOGISTIC"),
     "Tanh": _unary("TANH"), "HardSwish": _unary("HARD_SWISH"), "Gelu": _gelu,
+    "HardSigmoid": _hard_sigmoid,
     "Exp": _unary("EXP"),
     "Abs": _unary("ABS"), "Neg": _unary("NEG"), "Sqrt": _unary("SQRT"),
     "Softmax": _softmax, "GlobalAveragePool": _global_pool, "ReduceMean": _reduce("MEAN"),
