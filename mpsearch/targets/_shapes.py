@@ -18,6 +18,9 @@ from mpsearch.errors import TargetError
 
 __all__ = ["fixed_input_shapes", "static_shapes"]
 
+_INTEGERS = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16,
+                       onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.BOOL})
+
 
 def fixed_input_shapes(model: onnx.ModelProto,
                        calibration: Sequence[Mapping[str, np.ndarray]]
@@ -49,7 +52,11 @@ def fixed_input_shapes(model: onnx.ModelProto,
 
 def static_shapes(model: onnx.ModelProto, inputs: Mapping[str, tuple[int, ...]]
                   ) -> dict[str, tuple[int, ...]]:
-    """Every tensor's shape after ONNX shape inference on ``inputs``' shapes."""
+    """Every tensor's shape after ONNX shape inference on ``inputs``' shapes.
+
+    Shape arithmetic ONNX's data propagation does not follow (Paddle2ONNX's ``Shape -> Cast
+    int32 -> Slice -> Cast int64 -> Concat`` target of a Reshape) is evaluated and inference
+    run again, until every tensor's shape is known or nothing more folds."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     graph = copy.graph
@@ -76,8 +83,16 @@ def static_shapes(model: onnx.ModelProto, inputs: Mapping[str, tuple[int, ...]]
     del graph.value_info[:]
     for out in graph.output:
         out.type.tensor_type.ClearField("shape")
+    while True:
+        shapes = _infer(copy)
+        if all(o in shapes for n in graph.node for o in n.output if o) or not _fold_integers(
+                copy, shapes):
+            return shapes
+
+
+def _infer(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     try:
-        inferred = onnx.shape_inference.infer_shapes(copy, strict_mode=True, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except onnx.shape_inference.InferenceError as e:
         raise TargetError(f"shape inference failed on the fixed input shapes: {e}") from e
     shapes: dict[str, tuple[int, ...]] = {}
@@ -89,3 +104,44 @@ def static_shapes(model: onnx.ModelProto, inputs: Mapping[str, tuple[int, ...]]
     for init in inferred.graph.initializer:
         shapes.setdefault(init.name, tuple(init.dims))
     return shapes
+
+
+def _fold_integers(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> bool:
+    """Replace by initializers the nodes computing integer tensors from integer constants
+    (Shape of a statically shaped tensor, Constant, initializers): shape arithmetic. True when
+    any node was replaced."""
+    from onnx.reference import ReferenceEvaluator
+
+    graph = model.graph
+    known = {i.name: numpy_helper.to_array(i) for i in graph.initializer
+             if i.data_type in _INTEGERS}
+    kept, folded = [], False
+    for node in graph.node:
+        value: list[np.ndarray] | None = None
+        if node.op_type == "Shape" and node.input[0] in shapes:
+            shape = np.array(shapes[node.input[0]], np.int64)
+            start = next((a.i for a in node.attribute if a.name == "start"), 0)
+            end = next((a.i for a in node.attribute if a.name == "end"), len(shape))
+            value = [shape[start:end]]
+        elif node.op_type == "Constant":
+            attr = node.attribute[0] if node.attribute else None
+            if attr is not None and attr.name == "value" and attr.t.data_type in _INTEGERS:
+                value = [numpy_helper.to_array(attr.t)]
+        elif node.input and all(not t or t in known for t in node.input) and node.domain in (
+                "", "ai.onnx"):
+            single = helper.make_model(helper.make_graph(
+                [node], "fold", [], [helper.make_tensor_value_info(
+                    o, onnx.TensorProto.UNDEFINED, None) for o in node.output],
+                [numpy_helper.from_array(known[t], t) for t in node.input if t]),
+                opset_imports=list(model.opset_import))
+            value = [np.asarray(v) for v in ReferenceEvaluator(single).run(None, {})]
+        if value is None or not all(v.dtype.kind in "iub" for v in value):
+            kept.append(node)
+            continue
+        for name, array in zip(node.output, value, strict=True):
+            known[name] = array
+            graph.initializer.append(numpy_helper.from_array(array, name))
+        folded = True
+    del graph.node[:]
+    graph.node.extend(kept)
+    return folded

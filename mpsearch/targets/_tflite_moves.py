@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 
 from mpsearch.targets._tflite_lower import TO_NCHW, TO_NHWC, Value
-from mpsearch.targets._tflite_ops import Node, nhwc_const, refuse
+from mpsearch.targets._tflite_ops import Node, nhwc_const, quantize, refuse
 
 __all__ = ["MOVE_WRITERS", "layer_norm"]
 
@@ -115,18 +115,24 @@ def _pad(n: Node) -> list[Value]:
 
 
 def _concat(n: Node) -> list[Value]:
+    """CONCATENATION. TFLite's integer kernel copies codes (int8 refuses inputs on another
+    grid than the output's, int16 copies them unscaled), so an integer node reads every input
+    on the output's grid: activations requantized onto it, constants' codes computed on it."""
     shape = n.low.shape_of(n.proto.output[0])
     rank = len(shape)
     acts = [v for v in n.ins if v is not None and not v.constant]
     nhwc = rank == 4 and any(v.nhwc for v in acts)
+    grid = n.out_q[0]
     inputs = []
     for i, v in enumerate(n.ins):
         if v is None:
             continue
         if not v.constant:
-            inputs.append(n.x(i, nhwc=nhwc).index or 0)
-        elif n.quantized and v.codes is not None and v.q is not None:
-            inputs.append(n.low.const(f"{n.name}_k{i}", nhwc_const(v.codes, rank, nhwc), v.q))
+            x = n.x(i, nhwc=nhwc)
+            inputs.append((x if grid is None else n.on_grid(x, grid)).index or 0)
+        elif grid is not None:
+            inputs.append(n.low.const(f"{n.name}_k{i}", nhwc_const(
+                quantize(v.real(), grid), rank, nhwc), grid))
         else:
             inputs.append(n.low.const(f"{n.name}_k{i}", nhwc_const(v.real(), rank, nhwc)))
     axis = n.integer("axis", 0)

@@ -19,7 +19,7 @@ from onnx import helper
 from mpsearch.targets._tflite_gelu import Gelu
 from mpsearch.targets._tflite_lower import TO_NHWC, Lowering, QParams, Value
 
-__all__ = ["Node", "lower_node", "lower_qdq", "nhwc_const", "refuse"]
+__all__ = ["Node", "limits", "lower_node", "lower_qdq", "nhwc_const", "quantize", "refuse"]
 
 #: Data movement: the output is on the input's grid.
 MOVES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Gather",
@@ -122,13 +122,38 @@ class Node:
         scale, zero = FIXED[code][0 if want.dtype == "int8" else 1]
         grid = QParams(scale=np.array([scale], np.float32), zero=np.array([zero], want.zero.dtype),
                        dtype=want.dtype)
-        if grid.same(want):
-            return self.emit(code, (x.index,), self.output(0, shape, x.nhwc), options, **fields)
-        mid = Value(shape=shape, q=grid, nhwc=x.nhwc)
-        mid = Value(shape=shape, q=grid, nhwc=x.nhwc, index=self.low.tensor(
-            f"{self.out_names[0]}_fixed", self.low.tflite_shape(mid), grid))
-        self.emit(code, (x.index,), mid, options, **fields)
-        return self.emit("QUANTIZE", (mid.index or 0,), self.output(0, shape, x.nhwc))
+        return self.onto(code, (x.index,), grid, shape, x.nhwc, options, **fields)
+
+    def onto(self, code: str, inputs: tuple[int, ...], grid: QParams | None,
+             shape: tuple[int, ...], nhwc: bool, options: str | None = None,
+             **fields: object) -> Value:
+        """An op whose TFLite integer kernel writes ``grid`` whatever its output tensor says
+        (AVERAGE_POOL_2D averages its input's codes without rescaling; LOGISTIC, TANH and
+        SOFTMAX have fixed grids): written onto ``grid``, then a QUANTIZE onto the output's
+        grid when that differs."""
+        want = self.out_q[0]
+        if want is None or grid is None or grid.same(want):
+            return self.emit(code, inputs, self.output(0, shape, nhwc), options, **fields)
+        mid = self.scratch(code.lower(), shape, grid, nhwc)
+        self.emit(code, inputs, mid, options, **fields)
+        return self.emit("QUANTIZE", (mid.index or 0,), self.output(0, shape, nhwc))
+
+    def scratch(self, tag: str, shape: tuple[int, ...], grid: QParams | None,
+                nhwc: bool) -> Value:
+        """A new intermediate tensor of this node (float when ``grid`` is None)."""
+        made = Value(shape=shape, q=grid, nhwc=nhwc and len(shape) == 4)
+        index = self.low.tensor(f"{self.out_names[0]}_{tag}", self.low.tflite_shape(made), grid)
+        return Value(shape=shape, index=index, q=grid, nhwc=made.nhwc)
+
+    def on_grid(self, value: Value, grid: QParams) -> Value:
+        """An integer ``value`` requantized onto ``grid`` (a QUANTIZE) when it is on another."""
+        if value.q is None or value.index is None or value.q.same(grid):
+            return value
+        moved = Value(shape=value.shape, q=grid, nhwc=value.nhwc)
+        index = self.low.tensor(f"{self.low.flat.tensors[value.index].name}_{self.name}",
+                                self.low.tflite_shape(moved), grid)
+        self.low.flat.op("QUANTIZE", (value.index,), (index,), self.name)
+        return Value(shape=value.shape, index=index, q=grid, nhwc=value.nhwc)
 
 
     def _saturating_input(self, code: str, x: Value) -> Value:
@@ -173,9 +198,7 @@ def lower_qdq(low: Lowering, node: onnx.NodeProto) -> None:
         return
     value = low.values[src]
     if value.constant:
-        real = value.real()
-        codes = np.clip(np.round(real / q.scale) + q.zero, *_limits(q.dtype)).astype(q.dtype)
-        low.values[out] = Value(shape=value.shape, codes=codes, q=q)
+        low.values[out] = Value(shape=value.shape, codes=quantize(value.real(), q), q=q)
     elif value.q is not None and value.q.same(q):
         low.values[out] = value
     else:
@@ -200,9 +223,18 @@ def _input(low: Lowering, tensor: str) -> Value | None:
     raise _Refused(f"input '{tensor}' is neither computed before the node nor an initializer")
 
 
-def _limits(dtype: str) -> tuple[int, int]:
+def limits(dtype: str) -> tuple[int, int]:
+    """The integer range of ``dtype``."""
     info = np.iinfo(np.dtype(dtype))
     return int(info.min), int(info.max)
+
+
+def quantize(real: np.ndarray, q: QParams) -> np.ndarray:
+    """Codes of ``real`` on ``q``, as QuantizeLinear computes them (round half to even,
+    saturate)."""
+    codes: np.ndarray = np.clip(np.round(real / q.scale) + q.zero, *limits(q.dtype)).astype(
+        q.dtype)
+    return codes
 
 
 def _fused_grids(low: Lowering, node: onnx.NodeProto, outputs: Set[str]

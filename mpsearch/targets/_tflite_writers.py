@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from mpsearch.targets._tflite_lower import QParams, Value
-from mpsearch.targets._tflite_ops import Node, nhwc_const, refuse
+from mpsearch.targets._tflite_ops import Node, limits, nhwc_const, quantize, refuse
 
 __all__ = ["WRITERS"]
 
@@ -203,6 +203,36 @@ def _elementwise(code: str, options: str | None = None, **fields: object
     return write
 
 
+def _extremum(code: str) -> Callable[[Node], list[Value]]:
+    """MAXIMUM / MINIMUM. TFLite's integer kernels compare and copy codes without rescaling,
+    so an integer node reads every input on the output's grid: activations on another grid
+    are requantized onto it, constants' codes computed on it. The one rounding per value is
+    ONNX Runtime's QuantizeLinear after the float extremum (rounding is monotonic)."""
+    plain = _elementwise(code)
+
+    def write(n: Node) -> list[Value]:
+        grid = n.out_q[0]
+        if grid is None:
+            return plain(n)
+        shape = _out_shape(n)
+        acts = [v for v in n.ins if v is not None and not v.constant]
+        nhwc = len(shape) == 4 and any(v.nhwc for v in acts)
+        if nhwc and any(len(v.shape) != 4 for v in acts):
+            raise refuse("broadcast between a rank-4 tensor and a lower-rank one")
+        inputs = []
+        for i, v in enumerate(n.ins):
+            if v is None:
+                continue
+            if v.constant:
+                inputs.append(n.low.const(f"{n.name}_k{i}", nhwc_const(
+                    quantize(v.real(), grid), len(shape), nhwc), grid))
+            else:
+                inputs.append(n.on_grid(n.x(i, nhwc=nhwc if len(v.shape) == 4 else None),
+                                        grid).index or 0)
+        return [n.emit(code, tuple(inputs), n.output(0, shape, nhwc))]
+    return write
+
+
 def _unary(code: str, options: str | None = None, **fields: object
            ) -> Callable[[Node], list[Value]]:
     def write(n: Node) -> list[Value]:
@@ -272,6 +302,57 @@ def _reciprocal(n: Node) -> list[Value]:
                    fused_activation_function=0)]
 
 
+def _hard_sigmoid(n: Node) -> list[Value]:
+    """HardSigmoid, max(0, min(1, alpha * x + beta)), as MUL, ADD and a clamp (TFLite has no
+    HARD_SIGMOID builtin). Integer: the MUL by alpha (code 1 on scale alpha) writes x's codes
+    onto the grid (alpha * s_x, z_x), an exact relabelling, so the ADD of beta onto the output
+    grid is the one rounding, as in ONNX Runtime's float HardSigmoid before its QuantizeLinear.
+    The clamp is RELU_0_TO_1 on the output grid; int16, which TFLite's RELU_0_TO_1 does not
+    take, clamps with the ADD's fused RELU and, when the grid reaches above 1, a MINIMUM with
+    1's code (both exact: rounding is monotonic)."""
+    alpha, beta = n.number("alpha", 0.2), n.number("beta", 0.5)
+    x, want = n.x(0), n.out_q[0]
+    rank, shape, nhwc = len(x.shape), x.shape, x.nhwc
+
+    def k(tag: str, value: float, grid: QParams | None = None) -> int:
+        kind = np.float32 if grid is None else np.dtype(grid.dtype)
+        return n.low.const(f"{n.name}_{tag}", np.full((1,) * rank, value, kind), grid)
+
+    add = {"fused_activation_function": 0, "pot_scale_int16": False}
+    if x.q is None or want is None:
+        scaled = n.emit("MUL", (x.index or 0, k("alpha", alpha)),
+                        n.scratch("scaled", shape, None, nhwc), "MulOptions",
+                        fused_activation_function=0)
+        shifted = n.emit("ADD", (scaled.index or 0, k("beta", beta)),
+                         n.scratch("shifted", shape, None, nhwc), "AddOptions", **add)
+        return [n.emit("RELU_0_TO_1", (shifted.index or 0,), n.output(0, shape, nhwc))]
+    if alpha <= 0 or x.q.dtype != want.dtype:
+        raise refuse("integer HardSigmoid with alpha <= 0 or from one integer type to another")
+    hi = limits(want.dtype)[1]
+
+    def grid(scale: float, zero: np.ndarray | int = 0) -> QParams:
+        return QParams(scale=np.array([scale], np.float32),
+                       zero=np.asarray(zero, np.int64).reshape(-1), dtype=want.dtype)
+
+    relabelled = grid(float(x.q.scale.reshape(-1)[0]) * alpha, x.q.zero)
+    scaled = n.emit("MUL", (x.index or 0, k("alpha", 1, grid(alpha))),
+                    n.scratch("scaled", shape, relabelled, nhwc), "MulOptions",
+                    fused_activation_function=0)
+    beta_k = k("beta", float(np.sign(beta) * hi), grid(abs(beta) / hi if beta else alpha))
+    if want.dtype != "int16":
+        shifted = n.emit("ADD", (scaled.index or 0, beta_k),
+                         n.scratch("shifted", shape, want, nhwc), "AddOptions", **add)
+        return [n.emit("RELU_0_TO_1", (shifted.index or 0,), n.output(0, shape, nhwc))]
+    one = int(quantize(np.ones(1), want)[0])
+    if one >= hi:  # the grid ends at or below 1: saturation is the upper clamp
+        return [n.emit("ADD", (scaled.index or 0, beta_k), n.output(0, shape, nhwc),
+                       "AddOptions", **{**add, "fused_activation_function": 1})]
+    shifted = n.emit("ADD", (scaled.index or 0, beta_k), n.scratch("shifted", shape, want, nhwc),
+                     "AddOptions", **{**add, "fused_activation_function": 1})
+    return [n.emit("MINIMUM", (shifted.index or 0, k("one", one, want)),
+                   n.output(0, shape, nhwc))]
+
+
 def _pool(code: str) -> Callable[[Node], list[Value]]:
     def write(n: Node) -> list[Value]:
         x = n.x(0, nhwc=True)
@@ -282,8 +363,8 @@ def _pool(code: str) -> Callable[[Node], list[Value]]:
         if any(pads) or (code == "AVERAGE_POOL_2D" and mode == SAME
                          and n.attr("count_include_pad", 0)):
             raise refuse("pooling pads that TFLite's SAME/VALID cannot express")
-        return [n.emit(code, (x.index or 0,), n.output(0, _out_shape(n), nhwc=True),
-                       "Pool2DOptions", padding=mode, stride_w=strides[1], stride_h=strides[0],
+        return [n.onto(code, (x.index or 0,), x.q, _out_shape(n), True, "Pool2DOptions",
+                       padding=mode, stride_w=strides[1], stride_h=strides[0],
                        filter_width=kernel[1], filter_height=kernel[0],
                        fused_activation_function=0)]
     return write
@@ -295,9 +376,10 @@ WRITERS: dict[str, Callable[[Node], list[Value]]] = {
     "Sub": _elementwise("SUB", "SubOptions", fused_activation_function=0, pot_scale_int16=False),
     "Mul": _elementwise("MUL", "MulOptions", fused_activation_function=0),
     "Div": _elementwise("DIV", "DivOptions", fused_activation_function=0),
-    "Max": _elementwise("MAXIMUM"), "Min": _elementwise("MINIMUM"),
+    "Max": _extremum("MAXIMUM"), "Min": _extremum("MINIMUM"),
     "Relu": _unary("RELU"), "Clip": _clip, "Sigmoid": _unary("LOGISTIC"),
     "Tanh": _unary("TANH"), "HardSwish": _unary("HARD_SWISH"), "Gelu": _gelu,
+    "HardSigmoid": _hard_sigmoid,
     "Exp": _unary("EXP"),
     "Abs": _unary("ABS"), "Neg": _unary("NEG"), "Sqrt": _unary("SQRT"),
     "Softmax": _softmax, "GlobalAveragePool": _global_pool, "ReduceMean": _reduce("MEAN"),
@@ -306,4 +388,3 @@ WRITERS: dict[str, Callable[[Node], list[Value]]] = {
     "LeakyRelu": lambda n: _unary("LEAKY_RELU", "LeakyReluOptions",
                                   alpha=n.number("alpha", 0.01))(n),
 }
-

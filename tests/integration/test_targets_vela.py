@@ -27,11 +27,15 @@ from mpsearch.targets import Compiled, TargetError, VelaToolchain
 SAMPLES = 100
 #: TFLite requantizes with a 31-bit fixed-point multiplier and ONNX Runtime in float, so an
 #: output code may differ by a rounding step that later layers carry on; measured worst cases
-#: (100 digits): ResNet 2 steps, MobileNetV2 2, the transformer 4 (its GELU rounds once where
-#: the QDQ chain rounds four times). These are for per-channel Gemm/MatMul weights (what the
-#: Ethos-U profiles ask for, as Vela 5.2.0 runs per-channel FULLY_CONNECTED on the NPU); with
-#: per-tensor weights the same tests measured ResNet 1 step and the transformer 3.
-MAX_STEPS = {"resnet": 2, "mobilenetv2": 2, "transformer": 4}
+#: (100 digits): ResNet 2 steps, MobileNetV2 2, SqueezeNet 1, the transformer 4 (its GELU
+#: rounds once where the QDQ chain rounds four times). These are for per-channel Gemm/MatMul
+#: weights (what the Ethos-U profiles ask for, as Vela 5.2.0 runs per-channel FULLY_CONNECTED
+#: on the NPU); with per-tensor weights the same tests measured ResNet 1 step and the
+#: transformer 3.
+MAX_STEPS = {"resnet": 2, "mobilenetv2": 2, "squeezenet": 1, "transformer": 4}
+#: The same for uniform int16, whose steps are over a hundred times finer than int8's, measured
+#: on SqueezeNet (100 digits): 4 steps.
+MAX_STEPS_INT16 = {"squeezenet": 4}
 
 
 def _prepared(name: str, digits: Dataset) -> Prepared:
@@ -96,7 +100,10 @@ def _agreement(vela: VelaToolchain, compiled: Compiled, model: onnx.ModelProto,
     session = ort.InferenceSession(model.SerializeToString(),
                                    providers=["CPUExecutionProvider"])
     theirs = session.run(None, {"input": x})[0]
-    out = [n for n in model.graph.node if n.output[0] == model.graph.output[0].name][0]
+    producers = {o: n for n in model.graph.node for o in n.output}
+    out = producers[model.graph.output[0].name]
+    while out.op_type != "DequantizeLinear":  # back through data movement (a Flatten)
+        out = producers[out.input[0]]
     step = float(onnx.numpy_helper.to_array(
         next(i for i in model.graph.initializer if i.name == out.input[1])))
     worst = float(np.abs(ours - theirs).max()) / step
@@ -125,6 +132,24 @@ def test_int8_fully_on_the_npu_and_matches_ort(name: str, digits: Dataset, tmp_p
     assert [p.unit for p in compiled.placements if p.node == gemm.name] == ["accelerator"]
     worst, agree = _agreement(vela, compiled, model, digits)
     assert worst <= MAX_STEPS[name] + 1e-3
+    assert agree >= 0.98
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int16"])
+def test_squeezenet_concat_of_two_grids_matches_ort(fmt: str, digits: Dataset, tmp_path: Path,
+                                                    vela: VelaToolchain) -> None:
+    """SqueezeNet's fire modules concatenate two ReLU outputs calibrated on their own grids:
+    TFLite's int8 CONCATENATION refuses inputs on another grid than its output's and int16
+    copies them unscaled, so the writer requantizes them; all on the NPU, within the fixtures'
+    rounding steps of ONNX Runtime."""
+    prep = _prepared("squeezenet", digits)
+    model = prep.quantizer().build(uniform_assignment(prep.graph, prep.profile, fmt))
+    compiled = _compile(vela, model, tmp_path, digits)
+    _check_against_vela(compiled)
+    assert compiled.fallback == ()
+    worst, agree = _agreement(vela, compiled, model, digits)
+    steps = MAX_STEPS if fmt == "int8" else MAX_STEPS_INT16
+    assert worst <= steps["squeezenet"] + 1e-3
     assert agree >= 0.98
 
 
@@ -218,18 +243,21 @@ def test_an_op_without_a_tflite_builtin_is_named(digits: Dataset, tmp_path: Path
 
 
 def _qdq_chain(op: str, in_scale: float, out_scale: float, dtype: int, shape: list[int | str],
-               **attrs: object) -> onnx.ModelProto:
-    """input -> Q/DQ (in_scale) -> op -> Q/DQ (out_scale) -> output, opset 21."""
+               out_zero: int = 0, **attrs: object) -> onnx.ModelProto:
+    """input -> Q/DQ (in_scale, zero point 0) -> op -> Q/DQ (out_scale, out_zero) -> output,
+    opset 21."""
     h = onnx.helper
-    zero = 0
+    zero, zo = 0, "zo" if out_zero else "z"
     inits = [h.make_tensor("si", onnx.TensorProto.FLOAT, [], [in_scale]),
              h.make_tensor("so", onnx.TensorProto.FLOAT, [], [out_scale]),
              h.make_tensor("z", dtype, [], [zero])]
+    if out_zero:
+        inits.append(h.make_tensor("zo", dtype, [], [out_zero]))
     nodes = [h.make_node("QuantizeLinear", ["input", "si", "z"], ["xq"], name="q_in"),
              h.make_node("DequantizeLinear", ["xq", "si", "z"], ["x"], name="dq_in"),
              h.make_node(op, ["x"], ["y_raw"], name="op", **attrs),
-             h.make_node("QuantizeLinear", ["y_raw", "so", "z"], ["yq"], name="q_out"),
-             h.make_node("DequantizeLinear", ["yq", "so", "z"], ["y"], name="dq_out")]
+             h.make_node("QuantizeLinear", ["y_raw", "so", zo], ["yq"], name="q_out"),
+             h.make_node("DequantizeLinear", ["yq", "so", zo], ["y"], name="dq_out")]
     graph = h.make_graph(nodes, "chain",
                          [h.make_tensor_value_info("input", onnx.TensorProto.FLOAT, shape)],
                          [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
@@ -285,3 +313,129 @@ def test_asymmetric_int16_is_refused_by_u85_and_tflite(tmp_path: Path,
     assert relu.unit == "cpu" and "Zero-point" in relu.reason.replace("ZeroPoint", "Zero-point")
     with pytest.raises(TargetError, match="zero_point"):
         vela.run(compiled, {"input": np.zeros((1, 1, 8, 8, 16), np.float32)[0]})
+
+
+@pytest.mark.parametrize(("dtype", "in_scale", "out_scale", "out_zero"), [
+    (onnx.TensorProto.INT8, 0.05, 1 / 255, -128),       # the grid is [0, 1]
+    (onnx.TensorProto.INT8, 0.031, 0.8 / 255, -128),    # saturates below 1
+    (onnx.TensorProto.INT16, 8 / 32767, 1 / 32767, 0),  # fused RELU, saturation at 1
+    (onnx.TensorProto.INT16, 8 / 32767, 1.5 / 32767, 0)])  # reaches above 1: MINIMUM
+def test_hard_sigmoid_on_the_npu_matches_ort(dtype: int, in_scale: float, out_scale: float,
+                                             out_zero: int, tmp_path: Path,
+                                             vela: VelaToolchain) -> None:
+    """TFLite has no HARD_SIGMOID (ppocr_cls's squeeze-excite gates, alpha 0.2): the writer's
+    MUL / ADD / clamp rounds once, as ONNX Runtime's QuantizeLinear after the float op; TFLite
+    breaks ties away from zero where ONNX Runtime rounds them to even: one output step."""
+    model = _qdq_chain("HardSigmoid", in_scale, out_scale, dtype, ["N", 8, 4, 4], out_zero,
+                       alpha=0.2, beta=0.5)
+    x = np.random.default_rng(0).uniform(-6, 6, (4, 1, 8, 4, 4)).astype(np.float32)
+    compiled = vela.compile(model, tmp_path, calibration=[], settings={})
+    _check_against_vela(compiled)
+    assert compiled.fallback == () and compiled.cost["cpu_ops"] == 0
+    for sample in x:
+        ours, theirs = vela.run(compiled, {"input": sample})[0], _ort(model, sample)
+        assert np.abs(ours - theirs).max() <= out_scale * (1 + 1e-3)
+
+
+def test_float_hard_sigmoid_falls_back_and_matches_ort(tmp_path: Path,
+                                                       vela: VelaToolchain) -> None:
+    """A HardSigmoid the assignment leaves float (its output read by no QuantizeLinear) is
+    written as float MUL / ADD / RELU_0_TO_1 behind DEQUANTIZE, on the CPU; float32 both
+    sides, so within float32 rounding of ONNX Runtime."""
+    model = _qdq_chain("HardSigmoid", 0.05, 1.0, onnx.TensorProto.INT8, ["N", 8, 4, 4],
+                       alpha=0.2, beta=0.5)
+    del model.graph.node[3:]
+    model.graph.output[0].name = "y_raw"
+    x = np.random.default_rng(0).uniform(-6, 6, (1, 8, 4, 4)).astype(np.float32)
+    compiled = vela.compile(model, tmp_path, calibration=[], settings={})
+    _check_against_vela(compiled)
+    (op,) = [p for p in compiled.placements if p.node == "op"]
+    assert op.unit == "cpu" and op.precision == "fp32"
+    np.testing.assert_allclose(vela.run(compiled, {"input": x})[0], _ort(model, x), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [onnx.TensorProto.INT8, onnx.TensorProto.INT16])
+def test_average_pool_onto_another_grid_matches_ort(dtype: int, tmp_path: Path,
+                                                    vela: VelaToolchain) -> None:
+    """TFLite's integer AVERAGE_POOL_2D averages codes without rescaling (open_nsfw's 7x7 pool
+    before its classifier): the writer pools on the input's grid, then requantizes. The mean
+    rounds on the input grid (half an input step, 1/3 of an output step here) and again on
+    the output grid, where ONNX Runtime rounds once: at most one output step apart."""
+    model = _qdq_chain("AveragePool", 0.02, 0.03, dtype, ["N", 8, 6, 6],
+                       kernel_shape=[3, 3], strides=[3, 3])
+    x = np.random.default_rng(1).uniform(-2.4, 2.4, (4, 1, 8, 6, 6)).astype(np.float32)
+    compiled = vela.compile(model, tmp_path, calibration=[], settings={})
+    assert compiled.fallback == ()
+    for sample in x:
+        ours, theirs = vela.run(compiled, {"input": sample})[0], _ort(model, sample)
+        assert np.abs(ours - theirs).max() <= 0.03 * (1 + 1e-3)
+
+
+def _two_grids(op: str, dtype: int, **attrs: object) -> onnx.ModelProto:
+    """a, b -> Q/DQ each on its own grid -> op -> Q/DQ on a third grid -> output."""
+    h = onnx.helper
+    grids = {"a": 0.0213, "b": 0.0371, "y": 0.0433}
+    inits = [h.make_tensor("z", dtype, [], [0])] + [
+        h.make_tensor(f"s_{t}", onnx.TensorProto.FLOAT, [], [s]) for t, s in grids.items()]
+    nodes = []
+    for t, src in (("a", "a"), ("b", "b"), ("y", "y_raw")):
+        if t == "y":
+            nodes.append(h.make_node(op, ["a_dq", "b_dq"], ["y_raw"], name="op", **attrs))
+        nodes += [h.make_node("QuantizeLinear", [src, f"s_{t}", "z"], [f"{t}_q"], name=f"q_{t}"),
+                  h.make_node("DequantizeLinear", [f"{t}_q", f"s_{t}", "z"],
+                              ["y" if t == "y" else f"{t}_dq"], name=f"dq_{t}")]
+    inputs = [h.make_tensor_value_info(t, onnx.TensorProto.FLOAT, [1, 4, 4, 4]) for t in "ab"]
+    graph = h.make_graph(nodes, "two", inputs,
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                         initializer=inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 21)])
+
+
+@pytest.mark.parametrize("dtype", [onnx.TensorProto.INT8, onnx.TensorProto.INT16])
+@pytest.mark.parametrize(("op", "attrs"), [("Concat", {"axis": 1}), ("Max", {}), ("Min", {})])
+def test_inputs_on_other_grids_are_requantized(op: str, attrs: dict[str, object], dtype: int,
+                                               tmp_path: Path, vela: VelaToolchain) -> None:
+    """TFLite's integer CONCATENATION, MAXIMUM and MINIMUM copy codes without rescaling (int8
+    CONCATENATION refuses other grids, int16 copies them as they are: squeezenet's fire
+    modules): each input is requantized onto the output's grid first, the one rounding ONNX
+    Runtime's QuantizeLinear makes after the float op; TFLite's fixed-point requantization
+    may land on the neighbouring code: one output step."""
+    model = _two_grids(op, dtype, **attrs)
+    rng = np.random.default_rng(2)
+    compiled = vela.compile(model, tmp_path, calibration=[], settings={})
+    assert compiled.fallback == ()
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for _ in range(4):
+        feeds = {t: rng.uniform(-2, 2, (1, 4, 4, 4)).astype(np.float32) for t in "ab"}
+        ours, theirs = vela.run(compiled, feeds)[0], session.run(None, feeds)[0]
+        assert np.abs(ours - theirs).max() <= 0.0433 * (1 + 1e-3)
+
+
+def test_shape_arithmetic_through_casts_is_folded(tmp_path: Path, vela: VelaToolchain) -> None:
+    """Paddle2ONNX flattens with Shape -> Cast int32 -> Slice -> Cast int64 -> Concat ->
+    Reshape (ppocr_cls's classifier input, opset 11), which ONNX's shape inference does not
+    follow at that opset: folded, the Reshape and what reads it have static shapes. The values
+    are moved, not computed: TFLite and ONNX Runtime agree exactly."""
+    model = _qdq_chain("Reshape", 0.02, 0.02, onnx.TensorProto.INT8, ["N", 8, 1, 1])
+    model.opset_import[0].version = 11
+    h = onnx.helper
+    graph = model.graph
+    graph.node[2].input.append("target")
+    graph.node.insert(2, h.make_node("Shape", ["x"], ["shape"], name="shape"))
+    graph.node.insert(3, h.make_node("Cast", ["shape"], ["shape32"], name="cast32",
+                                     to=onnx.TensorProto.INT32))
+    graph.node.insert(4, h.make_node("Slice", ["shape32", "zero", "one"], ["batch32"],
+                                     name="slice"))
+    graph.node.insert(5, h.make_node("Cast", ["batch32"], ["batch"], name="cast64",
+                                     to=onnx.TensorProto.INT64))
+    graph.node.insert(6, h.make_node("Concat", ["batch", "width"], ["target"], name="concat",
+                                     axis=0))
+    graph.initializer.extend([
+        h.make_tensor("zero", onnx.TensorProto.INT32, [1], [0]),
+        h.make_tensor("one", onnx.TensorProto.INT32, [1], [1]),
+        h.make_tensor("width", onnx.TensorProto.INT64, [1], [8])])
+    x = np.random.default_rng(3).uniform(-2, 2, (1, 8, 1, 1)).astype(np.float32)
+    compiled = vela.compile(model, tmp_path, calibration=[{"input": x}], settings={})
+    ours, theirs = vela.run(compiled, {"input": x})[0], _ort(model, x)
+    assert ours.shape == theirs.shape == (1, 8)
+    np.testing.assert_array_equal(ours, theirs)
