@@ -143,7 +143,7 @@ def test_squeezenet_concat_of_two_grids_matches_ort(fmt: str, digits: Dataset, t
     copies them unscaled, so the writer requantizes them; all on the NPU, within the fixtures'
     rounding steps of ONNX Runtime."""
     prep = _prepared("squeezenet", digits)
-    model = prep.quantizer().build(uniform_assignment(prep.graph, prep.profile, fmt))
+    model = prep.quantizer.build(uniform_assignment(prep.graph, prep.profile, fmt))
     compiled = _compile(vela, model, tmp_path, digits)
     _check_against_vela(compiled)
     assert compiled.fallback == ()
