@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import threading
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -94,8 +96,10 @@ class SharedWeights:
     (:meth:`mpsearch.quantize.Quantizer.build`), skipping the copy and the comparison too."""
 
     def __init__(self, model: onnx.ModelProto, *, min_bytes: int = 1 << 16) -> None:
-        self._dir = tempfile.TemporaryDirectory(prefix="mpsearch-weights-")
-        self.folder = self._dir.name
+        self.folder = tempfile.mkdtemp(prefix="mpsearch-weights-")
+        # removed when this object is collected, or at exit (no ResourceWarning: the removal
+        # is the intended lifetime, not a leak)
+        weakref.finalize(self, shutil.rmtree, self.folder, ignore_errors=True)
         self._shared: dict[str, bytes] = {}
         self.stand_ins: dict[str, onnx.TensorProto] = {}
         offset = 0

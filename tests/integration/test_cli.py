@@ -16,6 +16,7 @@ MODEL = str(FIXTURES / "mobilenetv2.onnx")
 DATA = str(FIXTURES / "digits_eval.npz")
 
 
+@pytest.mark.slow
 def test_quantize_uniform_then_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "int8.onnx"
     code = main(["-q", "quantize", MODEL, "--profile", "x86_ort", "--data", DATA,
@@ -113,6 +114,7 @@ def test_latency_objective_with_unknown_cost_is_refused_before_any_work(
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_points_uniform_int8_beats_are_hidden_on_every_surface(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,7 +16,7 @@ from mpsearch import host_int8_isa
 from mpsearch.testing import bert, corpus
 from mpsearch.testing.corpus_check import check_model, installed
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 #: key -> (nodes after normalization, parameters), as counted by `mpsearch summary`;
 #: BatchNormalizations folded into their Convs at load (a Paddle export's 4 x C BN

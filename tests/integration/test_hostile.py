@@ -25,6 +25,8 @@ from _peak import cli, read_peak
 import mpsearch
 from mpsearch.cli import main
 
+pytestmark = pytest.mark.slow  # whole searches, servers, browsers, toolchains
+
 _FORGE = importlib.util.spec_from_file_location("hostile_forge", HOSTILE / "forge.py")
 assert _FORGE is not None and _FORGE.loader is not None
 forge = sys.modules["hostile_forge"] = importlib.util.module_from_spec(_FORGE)

@@ -28,6 +28,8 @@ from _paths import FIXTURES
 from _peak import cli, read_peak
 from onnx import TensorProto, helper, numpy_helper
 
+pytestmark = pytest.mark.slow  # whole searches, servers, browsers, toolchains
+
 RESNET = FIXTURES / "resnet.onnx"
 DIGITS = FIXTURES / "digits_eval.npz"
 PEAK_LIMIT_KB = 1 << 20  # 1 GiB

@@ -26,6 +26,8 @@ from _paths import FIXTURES, HOSTILE
 from mpsearch.errors import SpecError
 from mpsearch.serve._worker import served_spec
 
+pytestmark = pytest.mark.slow  # whole searches, servers, browsers, toolchains
+
 MODEL = FIXTURES / "resnet.onnx"
 DATA = FIXTURES / "digits_eval.npz"
 sys.path.insert(0, str(HOSTILE))

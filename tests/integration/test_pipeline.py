@@ -45,6 +45,8 @@ from mpsearch.rundir import Baseline, Front, FrontPoint, RunDir
 from mpsearch.search import MEASURE_ABOVE, group_nodes
 from mpsearch.spec import Budget, DataSpec, EvaluationSpec, SearchSpec, load_spec
 
+pytestmark = pytest.mark.slow  # whole searches, servers, browsers, toolchains
+
 
 def _spec(**changes: object) -> SearchSpec:
     base = SearchSpec(model=str(DEMO_MODEL), profile="x86_ort_auto",

@@ -401,6 +401,7 @@ def test_cli_writes_the_report(run_dir: Path, tmp_path: Path,
     assert out.stat().st_size > 1_000_000
 
 
+@pytest.mark.slow
 def test_report_of_a_real_demo_analysis(tmp_path: Path) -> None:
     """The files `mpsearch analyze` writes for the bundled demo feed every analysis chart."""
     from mpsearch.pipeline import analyze_prepared, prepare_inputs
@@ -500,6 +501,7 @@ def _save_artifact(png: bytes, tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_report_in_headless_chromium(run_dir: Path, tmp_path: Path, chromium: Any) -> None:
     browser = Page(chromium)
     page = write_report(run_dir, tmp_path / "report.html")

@@ -36,6 +36,8 @@ from mpsearch.search import (
 from mpsearch.search._callbacks import best_trials
 from mpsearch.spec import load_spec
 
+pytestmark = pytest.mark.slow  # whole searches, servers, browsers, toolchains
+
 
 def _spec(tmp_path: Path, model: str = "shufflenet", trials: int = 14, extra: str = "",
           profile: str = "x86_ort") -> Path:

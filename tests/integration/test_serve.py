@@ -30,6 +30,8 @@ from mpsearch.serve._access import Access
 from mpsearch.serve._pages import bytes_text
 from mpsearch.serve._progress import job_progress, pareto, read_journal
 
+pytestmark = pytest.mark.slow  # whole searches, servers, browsers, toolchains
+
 JSON = {"accept": "application/json"}
 BAD_PROFILE = ("schema: 1\nname: typo\nextends: x86_ort\nformats:\n  int8:\n"
                "    weight: {granularty: per_tensor}\n")

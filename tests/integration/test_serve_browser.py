@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 from _paths import ROOT
 
+pytestmark = pytest.mark.slow  # whole searches, servers, browsers, toolchains
+
 playwright_api = pytest.importorskip("playwright.sync_api",
                                      reason="playwright is not installed (pip install playwright)")
 

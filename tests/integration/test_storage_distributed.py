@@ -18,7 +18,10 @@ import warnings
 from pathlib import Path
 
 import optuna
+import pytest
 from _paths import FIXTURES
+
+pytestmark = pytest.mark.slow  # whole searches, servers, browsers, toolchains
 
 MODEL = FIXTURES / "resnet.onnx"
 DATA = FIXTURES / "digits_eval.npz"

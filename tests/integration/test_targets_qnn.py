@@ -28,6 +28,8 @@ from mpsearch.runtime import create_plugin_session, create_session
 from mpsearch.targets import CPU, Compiled, toolchain
 from mpsearch.targets._qnn import EP
 
+pytestmark = pytest.mark.slow  # whole searches, servers, browsers, toolchains
+
 SETTINGS = {"htp_arch": 73}
 
 

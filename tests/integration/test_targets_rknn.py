@@ -25,6 +25,8 @@ from mpsearch.pipeline import Prepared, prepare_inputs
 from mpsearch.targets import Compiled, RknnToolchain, TargetError
 from mpsearch.targets._rknn_table import parse_layers, plain_float
 
+pytestmark = pytest.mark.slow  # whole searches, servers, browsers, toolchains
+
 TOOLCHAIN = RknnToolchain()
 MISSING = TOOLCHAIN.missing()
 needs_rknn = pytest.mark.skipif(

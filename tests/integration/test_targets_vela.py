@@ -153,6 +153,7 @@ def test_squeezenet_concat_of_two_grids_matches_ort(fmt: str, digits: Dataset, t
     assert agree >= 0.98
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["ethos_u55", "ethos_u85"])
 def test_profile_int16_cost_is_velas_cycle_ratio(profile: str, digits: Dataset, tmp_path: Path,
                                                  vela: VelaToolchain) -> None:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from _paths import ROOT
 
 BENCHMARKS = ROOT / "benchmarks"
@@ -54,6 +55,7 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
             for p in sorted(folder.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
 
 
+@pytest.mark.slow
 def test_every_write_path_on_a_copy_deletes_nothing_another_script_wrote(tmp_path: Path
                                                                          ) -> None:
     copy = tmp_path / "benchmarks"

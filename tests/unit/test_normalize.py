@@ -219,6 +219,7 @@ def test_a_real_cycle_is_reported_with_a_node_on_it() -> None:
         load_model(model)
 
 
+@pytest.mark.slow
 def test_opset12_export_quantizes_to_int8_in_ort_and_searches(tmp_path: Path) -> None:
     import mpsearch
     from mpsearch.data import Dataset

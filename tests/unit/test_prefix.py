@@ -22,6 +22,7 @@ def _quantizer(model: str | onnx.ModelProto, data: Dataset) -> mpsearch.Quantize
                               mpsearch.load_profile("x86_ort"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture", ["mobilenetv2", "transformer", "resnet"])
 def test_single_node_rows_score_as_whole_model_runs(fixture: str, digits: Dataset) -> None:
     """Every (node, format) row measured through the changed part scores the whole model's

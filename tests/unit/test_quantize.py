@@ -306,6 +306,7 @@ def fp32_logits(tables: dict[str, tuple[ModelGraph, object]], digits: Dataset
             for name, (graph, _) in tables.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile_name", list_profiles())
 @pytest.mark.parametrize("name", MODELS)
 def test_every_build_matches_fake_quantization(

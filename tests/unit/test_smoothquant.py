@@ -216,6 +216,7 @@ def test_int8_with_smoothing_is_closer_to_fp32(graph: ModelGraph, data: Dataset,
     assert sqnr[True] - sqnr[False] > SQNR_GAIN[nodes], sqnr
 
 
+@pytest.mark.slow
 @pytest.mark.real
 def test_real_svtr_decomposed_layernorms_are_smoothed_with_fp32_unchanged() -> None:
     """PP-OCRv4's recognizer (Paddle2ONNX): four decomposed LayerNorms feed one MatMul each (and

@@ -230,6 +230,7 @@ def test_cli_bad_spec_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "did you mean 'model'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
 def test_shipped_specs_validate_and_dry_run(path: Path, tmp_path: Path) -> None:
     spec = load_spec(path)
