@@ -144,8 +144,8 @@ def probe_rows(accelerators: tuple[str, ...], log: Callable[[str], None] = print
                     report = read_report(folder / acc, "probe", stdout)
                     unit = report.targets.get("y", "?")
                     why = report.reasons.get("y", "")
-                except TargetError as e:
-                    unit, why = "error", str(e)[:120]
+                except TargetError as e:  # the probe's folder is temporary: not named
+                    unit, why = "error", str(e).replace(str(path), "probe.tflite")[:120]
                 row = (f"| {what} | {kind.split()[0]} {dtype} zp={zero} | {acc} | {unit} | "
                        f"{why.replace('|', '/')[:160]} | {tflite} |")
                 rows.append(row)
