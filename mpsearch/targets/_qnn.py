@@ -8,7 +8,8 @@ final node placement), writing the EP context model (``model_ctx.onnx`` + its
 ``*_qnn.bin`` context binary): that file is the artifact, and :meth:`QnnToolchain.run` runs
 it, so the numerics measured are those of what would be deployed. Cycles come from the
 backend's ``profiling_level=detailed`` CSV (median over a few runs of one sample: the
-emulator's counts vary by some per cent from run to run).
+emulator's counts vary by some per cent from run to run). The emulator builds for the SoC of
+the profile's ``soc_model``, else for the reference SoC of its ``htp_arch``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ _INSTALL = "pip install 'mpsearch[qnn]' (onnxruntime-qnn 2.7.0, onnxruntime >= 1
 _MIN_ORT = (1, 24, 2)
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 _PROFILE_RUNS = 5
+#: The reference SoC (QNN ``soc_model`` number, its name) of each HTP architecture, used when
+#: a profile gives ``htp_arch`` alone: with the EP's default soc_model 0 (unknown SoC) the x86
+#: emulator fails to finalize graphs a SoC's build takes (QNN_COMMON_ERROR_MEM_ALLOC; e.g. a
+#: float depthwise Conv with stride (2, 1), float ops on 5-D tensors). Numbers from ExecuTorch's
+#: Qualcomm backend (backends/qualcomm/serialization/qc_schema.py).
+_REFERENCE_SOC = {68: (30, "SM8350"), 69: (36, "SM8450"), 73: (43, "SM8550"),
+                 75: (57, "SM8650"), 79: (69, "SM8750"), 81: (87, "SM8850")}
 
 _STAMP = re.compile(r"^\S*\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \[")
 _FAILED = re.compile(r"Validation FAILED for \d+ nodes in OrtNodeUnit")
@@ -92,6 +100,9 @@ class QnnToolchain:
         # the CPU): "fully on the accelerator" then means every node
         options = {"backend_type": "htp", "offload_graph_io_quantization": "0"}
         options.update({k: str(v) for k, v in settings.items() if v is not None})
+        soc = _reference_soc(settings)
+        if soc is not None:
+            options["soc_model"] = str(soc[0])
         return options
 
     def compile(self, model: onnx.ModelProto, workdir: Path, *,
@@ -105,6 +116,11 @@ class QnnToolchain:
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         static, notes = fix_shapes(model, calibration[0])
+        soc = _reference_soc(settings)
+        if soc is not None:
+            notes += (f"soc_model {soc[0]} ({soc[1]}), the reference SoC of htp_arch "
+                      f"{settings['htp_arch']}: without a SoC the emulator fails to finalize "
+                      "some graphs",)
         source = workdir / "model.onnx"
         onnx.save(static, str(source))
         artifact = workdir / "model_ctx.onnx"
@@ -169,6 +185,18 @@ class QnnToolchain:
             self._sessions = {path: session}  # one open context at a time
         outputs = session.run(inputs)
         return [outputs[name] for name in session.output_names]
+
+
+def _reference_soc(settings: Mapping[str, Any]) -> tuple[int, str] | None:
+    """(soc_model, name) to use for ``settings`` that name an ``htp_arch`` of
+    :data:`_REFERENCE_SOC` but no ``soc_model``, else None."""
+    if settings.get("soc_model") is not None:
+        return None
+    try:
+        arch = int(settings.get("htp_arch") or 0)
+    except (TypeError, ValueError):
+        return None
+    return _REFERENCE_SOC.get(arch)
 
 
 def _parse_log(log: str) -> tuple[dict[str, str], dict[str, str], list[str]]:
