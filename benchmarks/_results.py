@@ -34,7 +34,9 @@ def _commit() -> str:
         return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True,
                               check=False).stdout.strip()
     head = git("rev-parse", "--short=12", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "../mpsearch", ".")
+    # the code that ran: the package and the scripts, not results files being written meanwhile
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "../mpsearch", ".",
+                ":(exclude)results")
     return head + (" with uncommitted changes" if dirty else "")
 
 
