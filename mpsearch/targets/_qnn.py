@@ -25,10 +25,12 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from mpsearch.errors import MpsearchError, TargetError
 from mpsearch.runtime import Session, create_plugin_session, ort_version
 from mpsearch.targets._base import ACCELERATOR, CPU, Compiled, Placement
+from mpsearch.targets._gelu import find_gelu
 from mpsearch.targets._static import fix_shapes
 
 __all__ = ["SETTINGS", "QnnToolchain"]
@@ -116,6 +118,10 @@ class QnnToolchain:
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         static, notes = fix_shapes(model, calibration[0])
+        static, fused = fuse_gelu(static)
+        if fused:
+            notes += (f"{fused} GELU erf pattern(s) fused into one Gelu each, as ONNX Runtime's "
+                      "QNN preprocessing does (the HTP has no Erf)",)
         soc = _reference_soc(settings)
         if soc is not None:
             notes += (f"soc_model {soc[0]} ({soc[1]}), the reference SoC of htp_arch "
@@ -185,6 +191,34 @@ class QnnToolchain:
             self._sessions = {path: session}  # one open context at a time
         outputs = session.run(inputs)
         return [outputs[name] for name in session.output_names]
+
+
+def fuse_gelu(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """``model`` with each GELU erf pattern (:mod:`._gelu`) as one ``com.microsoft`` Gelu node
+    from ``x`` to the last Mul's output, and how many were fused. The HTP has no Erf, and its
+    8-bit Mul by the pattern's constant 0.5 computes a different result from the CPU's; as one
+    Gelu the pattern runs on the HTP in the precision of the Q/DQ around it."""
+    scalars = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+               if int(np.prod(t.dims)) == 1}
+    gelus = find_gelu(model, scalars)
+    if not gelus:
+        return model, 0
+    dropped = {name for g in gelus for name in (*g.nodes, *g.skipped)}
+    first = {g.nodes[0]: g for g in gelus}
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    del fused.graph.node[:]
+    for node in model.graph.node:
+        gelu = first.get(node.name)
+        if gelu is not None:
+            fused.graph.node.append(onnx.helper.make_node(
+                "Gelu", [gelu.x], [gelu.output], name=f"{node.name}/gelu",
+                domain="com.microsoft"))
+        elif node.name not in dropped:
+            fused.graph.node.append(node)
+    if not any(o.domain == "com.microsoft" for o in fused.opset_import):
+        fused.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return fused, len(gelus)
 
 
 def _reference_soc(settings: Mapping[str, Any]) -> tuple[int, str] | None:

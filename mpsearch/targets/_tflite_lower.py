@@ -234,7 +234,7 @@ def lower(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> tupl
     ONNX node each TFLite operator came from (by operator index).
 
     Raises :class:`TargetError` naming every node that has no TFLite builtin."""
-    from mpsearch.targets._tflite_gelu import find_gelu
+    from mpsearch.targets._gelu import find_gelu
     from mpsearch.targets._tflite_ops import lower_gelu, lower_node, lower_qdq
 
     low = Lowering(model=model, shapes=shapes, inits=_initializers(model))

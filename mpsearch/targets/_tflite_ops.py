@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from mpsearch.targets._tflite_gelu import Gelu
+from mpsearch.targets._gelu import Gelu
 from mpsearch.targets._tflite_lower import TO_NHWC, Lowering, QParams, Value
 
 __all__ = ["Node", "limits", "lower_node", "lower_qdq", "nhwc_const", "quantize", "refuse"]
@@ -285,7 +285,7 @@ def lower_node(low: Lowering, node: onnx.NodeProto, outputs: Set[str]) -> None:
 
 
 def lower_gelu(low: Lowering, div: onnx.NodeProto, gelu: Gelu, outputs: Set[str]) -> None:
-    """One GELU operator for a matched erf pattern (:mod:`._tflite_gelu`): integer from the
+    """One GELU operator for a matched erf pattern (:mod:`._gelu`): integer from the
     input's grid to the QuantizeLinear after the pattern, else float."""
     x = low.values.get(gelu.x)
     if x is None or x.constant:

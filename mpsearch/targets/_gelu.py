@@ -1,9 +1,11 @@
-"""GELU's erf form in our QDQ export -> one TFLite GELU operator.
+"""GELU's erf form in our QDQ export, found so a target can run it as one GELU operator.
 
-PyTorch exports ``nn.GELU()`` as ``Div(x, sqrt 2) -> Erf -> Add 1 -> Mul x -> Mul 0.5``. TFLite
-has no ERF builtin but has GELU (exact, ``approximate=False``), so the five nodes become one
-operator from ``x``'s grid to the last Mul's grid: the Q/DQ pairs between them disappear, so
-the integer GELU rounds once where ONNX Runtime's QDQ chain rounds four times.
+PyTorch exports ``nn.GELU()`` as ``Div(x, sqrt 2) -> Erf -> Add 1 -> Mul x -> Mul 0.5``. Neither
+TFLite nor the Qualcomm HTP has an integer Erf, and both have GELU: :func:`find_gelu` finds the
+five nodes (and the Q/DQ pairs between them) so the Vela writer emits one TFLite GELU and the
+QNN adapter one ``Gelu`` node, from ``x``'s grid to the last Mul's grid, as ONNX Runtime's own
+QNN preprocessing fuses it. The fused operator rounds once where ONNX Runtime's QDQ chain rounds
+four times, so the two differ by design, within a few output steps.
 """
 
 from __future__ import annotations
@@ -77,10 +79,15 @@ def find_gelu(model: onnx.ModelProto, inits: Mapping[str, np.ndarray]) -> list[G
     for erf in model.graph.node:
         if erf.op_type != "Erf":
             continue
+        passed = list[str]()
         div = producers.get(erf.input[0])
+        while (div is not None and div.op_type in ("QuantizeLinear", "DequantizeLinear")
+               and len(consumers.get(div.output[0], [])) == 1):  # Div -> Q -> DQ -> Erf
+            passed.append(div.name)
+            div = producers.get(div.input[0])
         if div is None or div.op_type != "Div" or not near(div.input[1], math.sqrt(2)):
             continue
-        x, passed = str(div.input[0]), list[str]()
+        x = str(div.input[0])
         if len(consumers.get(div.output[0], [])) != 1:
             continue
         add = through(erf.output[0], passed)
