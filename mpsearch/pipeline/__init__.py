@@ -6,6 +6,9 @@ once (cached in the run directory); ``analyze_run``, ``search_run``, ``export_po
 :class:`~mpsearch.analysis.Measurer` per data split, and write the run directory through
 :class:`~mpsearch.rundir.RunDir`. The stages themselves take (graph, profile, table, data) and
 know nothing of specs, run directories or each other.
+
+One module per command: ``_prepare`` (what every command shares), ``_analyze``, ``_search``
+and ``_export`` (a front point, one quantized model, calibrate, evaluate, dry run).
 """
 
 from mpsearch._io import write_model
