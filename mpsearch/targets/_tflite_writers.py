@@ -177,20 +177,28 @@ def _matmul(n: Node) -> list[Value]:
                    "BatchMatMulOptions", adj_x=False, adj_y=False)]
 
 
-def _elementwise(code: str, options: str | None = None, **fields: object
-                 ) -> Callable[[Node], list[Value]]:
+def _elementwise(code: str, options: str | None = None, *, on_output_grid: bool = False,
+                 **fields: object) -> Callable[[Node], list[Value]]:
+    """A broadcasting elementwise operator. ``on_output_grid``: an integer node reads every
+    input on the output's grid (activations on another grid requantized onto it, constants'
+    codes computed on it), for kernels that compare and copy codes without rescaling."""
     def write(n: Node) -> list[Value]:
         shape = _out_shape(n)
         acts = [v for v in n.ins if v is not None and not v.constant]
         nhwc = len(shape) == 4 and any(v.nhwc for v in acts)
         if nhwc and any(len(v.shape) != 4 for v in acts):
             raise refuse("broadcast between a rank-4 tensor and a lower-rank one")
+        grid = n.out_q[0] if on_output_grid else None
         inputs = []
         for i, v in enumerate(n.ins):
             if v is None:
                 continue
             if not v.constant:
-                inputs.append(n.x(i, nhwc=nhwc if len(v.shape) == 4 else None).index or 0)
+                x = n.x(i, nhwc=nhwc if len(v.shape) == 4 else None)
+                inputs.append((x if grid is None else n.on_grid(x, grid)).index or 0)
+            elif grid is not None:
+                inputs.append(n.low.const(f"{n.name}_k{i}", nhwc_const(
+                    quantize(v.real(), grid), len(shape), nhwc), grid))
             elif n.quantized:
                 if v.codes is None or v.q is None:
                     raise refuse("a float constant in an integer node")
@@ -205,32 +213,9 @@ def _elementwise(code: str, options: str | None = None, **fields: object
 
 def _extremum(code: str) -> Callable[[Node], list[Value]]:
     """MAXIMUM / MINIMUM. TFLite's integer kernels compare and copy codes without rescaling,
-    so an integer node reads every input on the output's grid: activations on another grid
-    are requantized onto it, constants' codes computed on it. The one rounding per value is
+    so an integer node reads every input on the output's grid. The one rounding per value is
     ONNX Runtime's QuantizeLinear after the float extremum (rounding is monotonic)."""
-    plain = _elementwise(code)
-
-    def write(n: Node) -> list[Value]:
-        grid = n.out_q[0]
-        if grid is None:
-            return plain(n)
-        shape = _out_shape(n)
-        acts = [v for v in n.ins if v is not None and not v.constant]
-        nhwc = len(shape) == 4 and any(v.nhwc for v in acts)
-        if nhwc and any(len(v.shape) != 4 for v in acts):
-            raise refuse("broadcast between a rank-4 tensor and a lower-rank one")
-        inputs = []
-        for i, v in enumerate(n.ins):
-            if v is None:
-                continue
-            if v.constant:
-                inputs.append(n.low.const(f"{n.name}_k{i}", nhwc_const(
-                    quantize(v.real(), grid), len(shape), nhwc), grid))
-            else:
-                inputs.append(n.on_grid(n.x(i, nhwc=nhwc if len(v.shape) == 4 else None),
-                                        grid).index or 0)
-        return [n.emit(code, tuple(inputs), n.output(0, shape, nhwc))]
-    return write
+    return _elementwise(code, on_output_grid=True)
 
 
 def _unary(code: str, options: str | None = None, **fields: object
