@@ -48,10 +48,10 @@ def row(name: str, trials: int, out: Path) -> str:
         verify="toolchain" if name == "demo" else "front",
         budget=dataclasses.replace(spec.budget, trials=trials))
     front = search_run(spec, out / name).front
-    measured = [p for p in front.points if p.target_metric is not None]
-    worst = max((abs(float(p.target_metric or 0.0) - p.metric) for p in measured),
-                default=float("nan"))
-    metrics = sorted({f"{p.metric:.4f}" for p in measured})
+    measured = [(p.metric, p.target_metric) for p in front.points
+                if p.target_metric is not None]
+    worst = max((abs(target - ort) for ort, target in measured), default=float("nan"))
+    metrics = sorted({f"{ort:.4f}" for ort, _ in measured})
     return (f"| {name} (`verify: {spec.verify}`) | {len(front.points)} | {len(measured)} | "
             f"{worst:.4f} | {', '.join(metrics)} | {_fallbacks(front)} |")
 
