@@ -13,9 +13,10 @@ import os
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-import onnx
+if TYPE_CHECKING:  # onnx costs the CLI ~0.6 s at start-up (ml_dtypes): typed, not imported
+    import onnx
 
 __all__ = ["atomic_write", "write_json", "write_model"]
 

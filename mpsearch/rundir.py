@@ -153,7 +153,10 @@ class FrontPoint:
     ``target_metric`` is the held-out metric as the profile's toolchain computes it (its
     emulator or simulator), ``target_placement`` where each node runs there (counts, the
     nodes on the CPU with the toolchain's reason, every placement) and ``target_cost`` the
-    toolchain's own cost figures; None otherwise.
+    toolchain's own cost figures; None otherwise. ``target_failure`` says why the target's
+    verification rejects the point (the toolchain crashed or failed to compile it, or its target
+    metric lies outside the profile's tolerance of the ORT one); such a point is never
+    recommended. None when it passed or was not verified.
     """
 
     index: int
@@ -179,6 +182,7 @@ class FrontPoint:
     target_metric: float | None = None
     target_placement: Mapping[str, Any] | None = None
     target_cost: Mapping[str, float] | None = None
+    target_failure: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -205,7 +209,8 @@ class FrontPoint:
                    shown=bool(data.get("shown", True)), beaten_by=data.get("beaten_by"),
                    target_metric=data.get("target_metric"),
                    target_placement=data.get("target_placement"),
-                   target_cost=data.get("target_cost"))
+                   target_cost=data.get("target_cost"),
+                   target_failure=data.get("target_failure"))
 
 
 def _metrics(data: Mapping[str, Any]) -> dict[str, float]:

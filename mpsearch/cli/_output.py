@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mpsearch.errors import MpsearchError
+from mpsearch.rundir import RunDir
 
 __all__ = ["Output", "search_dir"]
 
@@ -96,8 +97,6 @@ def _outermost_missing(path: Path) -> tuple[Path, Path]:
 
 
 def _journal_begun(run_dir: Path) -> bool:
-    from mpsearch.rundir import RunDir  # imports onnx: not on the way to --help
-
     journal = RunDir(run_dir).journal
     try:
         return journal.is_file() and journal.stat().st_size > 0

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sys
 import weakref
 from typing import Any
-
-from tqdm import tqdm
 
 from mpsearch.progress import Progress
 
@@ -23,7 +22,8 @@ def close_bars() -> None:
     before its first draw finished would not erase itself)."""
     for progress in list(_OPEN):
         progress.close()
-    for bar in list(getattr(tqdm, "_instances", ())):
+    tqdm = sys.modules.get("tqdm")  # imported by the first bar drawn (start-up cost)
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
         try:
             if not hasattr(bar, "last_print_t") and getattr(bar, "sp", None) is not None:
                 width = shutil.get_terminal_size().columns - 1
@@ -47,6 +47,8 @@ class BarProgress:
         if progress.stage != self._stage:
             self.close()
             self._stage = progress.stage
+            from tqdm import tqdm
+
             self._bar = tqdm(total=progress.total, desc=progress.stage, unit=progress.unit,
                              leave=False)
             _OPEN.add(self)

@@ -15,14 +15,16 @@ never the oldest). Request bodies that pause are cut by :mod:`mpsearch.serve`'s 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import signal
 import socket
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpsearch.errors import MpsearchError
+
+if TYPE_CHECKING:  # asyncio costs the CLI's start-up; only `serve` runs an event loop
+    import asyncio
 
 __all__ = ["LOOPBACK", "add_serve_parser", "bind", "handler"]
 

@@ -24,7 +24,7 @@ FUNCTIONS = {
     "x86_profile_for",
 }
 CONSTANTS = {"AUTO_X86_PROFILE", "IMAGE_SUFFIXES", "METRICS", "__version__"}
-HEAVY = ("numba", "onnxruntime", "optuna", "networkx")
+HEAVY = ("onnx", "numba", "onnxruntime", "optuna", "networkx", "plotly")
 
 
 def test_exported_names_are_pinned() -> None:
