@@ -349,8 +349,8 @@ def _fixed_batch(graph: ModelGraph) -> int | None:
 
 
 #: Bytes of exposed activations one calibration batch may hold when the batch is chosen
-#: automatically (ONNX Runtime's arena holds about as much again).
-ACTIVATION_BUDGET = 192 << 20
+#: automatically (the session runs without an arena, so they are freed after each batch).
+ACTIVATION_BUDGET = 128 << 20
 #: The largest automatic calibration batch.
 MAX_AUTO_BATCH = 64
 
@@ -410,7 +410,7 @@ def calibrate(
     inputs = {i.name for i in graph.inputs}
     exposed = [t for t in tensors if t not in inputs]
     session = create_session(graph.model, threads=threads, extra_outputs=exposed,
-                             optimize=optimize, label=graph.name)
+                             optimize=optimize, label=graph.name, arena=False)
     kernels.set_threads(threads)
     axes = softmax_axes(graph)
     collectors = {t: _Collector(bins, axes.get(t)) for t in tensors}

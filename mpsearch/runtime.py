@@ -244,11 +244,14 @@ def create_session(
     label: str | None = None,
     shared: SharedWeights | None = None,
     pooled: bool = False,
+    arena: bool = True,
 ) -> Session:
     """Open a CPU session. ``extra_outputs`` exposes intermediate tensors as outputs;
     ``shared``: a ``ModelProto``'s initializers equal to those are read from its file;
     ``pooled``: memory from the process's one pool (:func:`_memory_pool`), for the many
-    short-lived sessions of measurements (not for calibration's, whose peak it would keep).
+    short-lived sessions of measurements (not for calibration's, whose peak it would keep);
+    ``arena`` False: no CPU memory arena, so a session whose few runs move large exposed
+    activations (calibration's) returns their memory after each run instead of keeping it.
 
     The intra-op threads never spin: mpsearch keeps many sessions open at once and runs them
     in turn, and a spinning pool of one steals the cores of the next, so that identical sessions
@@ -270,6 +273,7 @@ def create_session(
     )
     if shared is not None and external:
         options.add_session_config_entry(_EXTERNAL_FOLDER, shared.folder)
+    options.enable_cpu_mem_arena = arena
     if pooled:
         _memory_pool()
         options.add_session_config_entry(_USE_ENV_ALLOCATORS, "1")
