@@ -275,11 +275,16 @@ class Front:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Front:
+        # JSON writes a non-finite metric as null: FP32's own SQNR is infinite
+        fill = math.inf if data["metric"] == "sqnr" else math.nan
+
+        def filled(entry: Mapping[str, Any]) -> Mapping[str, Any]:
+            return entry if entry.get("metric") is not None else {**entry, "metric": fill}
         return cls(metric=str(data["metric"]), higher_is_better=bool(data["higher_is_better"]),
                    objectives=tuple(data.get("objectives", ("metric", "size"))),
-                   fp32=Baseline.from_dict(data["fp32"]),
-                   uniform={k: Baseline.from_dict(v) for k, v in data["uniform"].items()},
-                   points=tuple(FrontPoint.from_dict(p) for p in data["points"]),
+                   fp32=Baseline.from_dict(filled(data["fp32"])),
+                   uniform={k: Baseline.from_dict(filled(v)) for k, v in data["uniform"].items()},
+                   points=tuple(FrontPoint.from_dict(filled(p)) for p in data["points"]),
                    evaluations=int(data.get("evaluations", 0)),
                    seconds=float(data.get("seconds", 0.0)), timing=dict(data.get("timing", {})),
                    latency_source=data.get("latency_source"),
