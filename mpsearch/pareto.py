@@ -103,12 +103,15 @@ def _beats(points: Sequence[Point], by: Sequence[Point], higher_is_better: bool,
 
 
 def dominated_flags(points: Sequence[Point], *, higher_is_better: bool,
-                    by: Sequence[Point] = ()) -> tuple[bool, ...]:
+                    by: Sequence[Point] = (),
+                    spreads: tuple[Sequence[Spreads], Sequence[Spreads]] | None = None
+                    ) -> tuple[bool, ...]:
     """For each point, whether another of ``points`` or one of ``by`` (extra candidates, such
-    as the uniform baselines) dominates it."""
+    as the uniform baselines) dominates it; ``spreads`` as in :func:`dominators`."""
     if not points:
         return ()
-    return tuple(bool(v) for v in np.any(_beats(points, by, higher_is_better), axis=0).tolist())
+    beats = _beats(points, by, higher_is_better, spreads)
+    return tuple(bool(v) for v in np.any(beats, axis=0).tolist())
 
 
 def dominators(points: Sequence[Point], *, higher_is_better: bool, by: Sequence[Point] = (),

@@ -90,7 +90,8 @@ class SearchResult:
     evaluations: int
     seconds: float
     timing: Mapping[str, float]
-    #: Why the search ended before its trial budget (the patience stop), else None.
+    #: Why the search ended before its trial budget (the patience stop, or "cancelled after N
+    #: trials" when finished with the trials a cancelled search ran), else None.
     stopped: str | None = None
 
 
