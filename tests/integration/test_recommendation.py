@@ -7,6 +7,7 @@ The checks are the rule's, not the demo's numbers, so they hold on any demo mode
 from __future__ import annotations
 
 import html
+import json
 import re
 import signal
 import subprocess
@@ -86,8 +87,14 @@ def test_demo_recommendation_is_stable_measured_and_worded_once(
     point = next(p for p in front.points if p.index == front.recommended)
     page = html.unescape((tmp_path / "run0" / "report.html").read_text())
     assert f"<b>{front.recommendation}</b>" in page
+    words = front.latency_words(point)
     row = re.search(rf"<tr><td>{front.recommended}</td>(.*?)</tr>", page)
-    assert row is not None and f"<td>{front.latency_words(point)}</td>" in row[1]
+    assert row is not None and f"<td>{words}</td>" in row[1]
+    payload = json.loads(re.search(r'<script type="application/json" id="mpsearch-data">(.*?)'
+                                   r"</script>", page, flags=re.DOTALL)[1])
+    selector = {p["index"]: p["speed"] for p in payload["front"]["points"]}
+    hover = {c[0]: c[1] for c in payload["charts"]["chart-front"]["data"][1]["customdata"]}
+    assert selector[point.index] == hover[point.index] == words
 
 
 @pytest.mark.slow
