@@ -70,7 +70,7 @@ def recommend(front: Front, limits: Limits) -> tuple[int | None, str]:
     else:
         chosen = []
     if not chosen:
-        return None, _nothing(front, limits, floor, bool(candidates))
+        return None, _nothing(front, limits, floor, bool(front.shown))
     timed = "latency" in front.objectives
     if timed:
         chosen = [p for p in chosen if not _slower_than_fp32(p, front)] or chosen
@@ -157,7 +157,8 @@ def _constraints(front: Front, limits: Limits, floor: float | None) -> str:
 
 
 def _nothing(front: Front, limits: Limits, floor: float | None, any_candidate: bool) -> str:
-    """The line when no point meets the constraints: keep FP32 where FP32 meets them."""
+    """The line when no point meets the constraints (``any_candidate``: some point is shown):
+    keep FP32 where FP32 meets them."""
     sign = 1.0 if front.higher_is_better else -1.0
     fp32_fits = ((floor is None or sign * front.fp32.metric >= sign * floor - _EPS)
                  and (limits.max_size is None or front.fp32.size <= limits.max_size))

@@ -171,3 +171,12 @@ def test_a_point_the_target_rejects_is_never_recommended() -> None:
     assert index is None
     assert line == ("no verified point: qnn: the HTP emulator crashed; stopped: trial budget "
                     "used")
+
+
+def test_nothing_within_the_size_limit() -> None:
+    index, line = recommend(_front(_point(0, 0.97, 300)), Limits(max_size=200))
+    assert index is None
+    assert line == ("no recommendation: no shown point meets the constraints (size <= 200 B); "
+                    "stopped: trial budget used")
+    assert recommend(_front(), Limits())[1] == ("no recommendation: no point is shown; "
+                                                "stopped: trial budget used")
