@@ -1,22 +1,26 @@
 """The one point a search recommends deploying, and its line for people.
 
 Consumes a judged :class:`~mpsearch.rundir.Front` (held-out metrics with their 95 % intervals,
-sizes, latencies, shown points) and the user's constraints; produces the index of a shown point
-(or None) and the line the CLI, the report and the web page print.
+sizes, latencies with their spreads, shown points) and the user's constraints; produces the
+index of a shown point (or None) and the line the CLI, the report and the web page print.
 
 The rule (docs/results.md, "The recommendation"):
 
 1. Candidates: the shown points within the size limit (``constraints.max_size_bytes``, and the
-   profile's memory budget when ``constraints.memory_budget`` is on).
+   profile's memory budget when ``constraints.memory_budget`` is on) that the target's
+   verification did not reject (``target_failure``).
 2. With a metric constraint (``min_metric``, or FP32's held-out metric minus
    ``max_metric_drop``): the candidates whose whole 95 % interval meets it; if none, those whose
-   held-out metric meets it; if none still, no recommendation. Without one: the candidates
-   whose interval reaches the best candidate's metric (not measurably worse than it).
-3. Where latency is measured, drop the points measurably slower than FP32 (their fastest run
-   slower than FP32's slowest) at batch 1 and at the spec's batch alike, unless that leaves
-   none: a point slower than the model it replaces at every batch is no deployment answer.
-4. Of those, the smallest (sizes within 0.1 % tie); among ties the faster, then the better
-   metric.
+   held-out metric meets it; if none still, FP32 is the answer ("keep FP32: nothing quantized
+   meets ..."). Without one: the candidates whose interval reaches the best candidate's metric.
+3. Only where latency is one of the spec's objectives, and only by measurable differences
+   (spreads that do not overlap): drop the points measurably slower than FP32 at batch 1 and at
+   the spec's batch alike, unless that leaves none.
+4. Of those, the smallest (sizes within 0.1 % tie); among ties, where latency is an objective,
+   those no other tied point is measurably faster than at the spec's batch, then at batch 1;
+   then the better metric, the fewer distinct formats, the lower index.
+
+A chosen point no smaller than FP32 (beyond the tie) is FP32 itself, and the line says so.
 """
 
 from __future__ import annotations
@@ -24,10 +28,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mpsearch._wording import format_bytes, measurably_slower
 from mpsearch.pareto import SIZE_TIE
-from mpsearch.rundir import Front, FrontPoint, format_bytes, versus_fp32
+from mpsearch.rundir import Front, FrontPoint
 
-__all__ = ["Limits", "recommend", "recommendation_line"]
+__all__ = ["Limits", "formats_used", "recommend", "recommendation_line"]
 
 #: Rounding slack of metric comparisons (a Wilson bound of k = n computes to 1 - 1e-16).
 _EPS = 1e-9
@@ -42,13 +47,18 @@ class Limits:
     max_size: int | None = None
     #: Why the search ended ("the front did not change ...", "trial budget used ...").
     stop: str = "trial budget used"
+    #: The profile's target is an accelerator (FP32 would then run on the CPU).
+    accelerator: bool = False
 
 
 def recommend(front: Front, limits: Limits) -> tuple[int | None, str]:
     """The index of the point to deploy (module doc) and the line saying so."""
     sign = 1.0 if front.higher_is_better else -1.0
-    candidates = [p for p in front.shown
-                  if limits.max_size is None or p.size <= limits.max_size]
+    sized = [p for p in front.shown if limits.max_size is None or p.size <= limits.max_size]
+    candidates = [p for p in sized if p.target_failure is None]
+    if sized and not candidates:
+        reasons = sorted({str(p.target_failure) for p in sized})
+        return None, f"no verified point: {'; '.join(reasons)}; stopped: {limits.stop}"
     floor = _floor(front, limits)
     if floor is not None:
         chosen = [p for p in candidates if sign * _worst(p, sign) >= sign * floor - _EPS] or \
@@ -60,10 +70,14 @@ def recommend(front: Front, limits: Limits) -> tuple[int | None, str]:
     else:
         chosen = []
     if not chosen:
-        why = (f"no shown point meets the constraints ({_constraints(front, limits, floor)})"
-               if candidates else "no point is shown")
-        return None, f"no recommendation: {why}; stopped: {limits.stop}"
-    point = _pick([p for p in chosen if not _slower(p, front)] or chosen, sign)
+        return None, _nothing(front, limits, floor, bool(front.shown))
+    timed = "latency" in front.objectives
+    if timed:
+        chosen = [p for p in chosen if not _slower_than_fp32(p, front)] or chosen
+    point = _pick(chosen, sign, timed)
+    if not _quantized(point, front):
+        return point.index, _keep_fp32(front, limits, floor, f"point {point.index} is FP32 "
+                                       "itself")
     return point.index, recommendation_line(front, point, limits.stop)
 
 
@@ -93,26 +107,44 @@ def _best(point: FrontPoint, sign: float) -> float:
     return point.interval[1] if sign > 0 else point.interval[0]
 
 
-def _pick(points: Sequence[FrontPoint], sign: float) -> FrontPoint:
-    """The smallest of ``points`` (sizes within SIZE_TIE tie), then the fastest, then the
-    best metric."""
+def _quantized(point: FrontPoint, front: Front) -> bool:
+    """Whether ``point`` is smaller than FP32 beyond the size tie (else it is FP32 itself)."""
+    return point.size * (1.0 + SIZE_TIE) < front.fp32.size
+
+
+def formats_used(point: FrontPoint) -> int:
+    """How many distinct formats ``point`` gives its searched nodes (fewer is simpler)."""
+    return sum(1 for n in point.counts.values() if n > 0)
+
+
+def _pick(points: Sequence[FrontPoint], sign: float, timed: bool) -> FrontPoint:
+    """The smallest of ``points`` (sizes within SIZE_TIE tie); then, with ``timed`` (latency
+    is an objective), those no other is measurably faster than at the spec's batch, then at
+    batch 1; then the best metric, the fewest formats, the lowest index."""
     smallest = min(p.size for p in points)
     tied = [p for p in points if p.size <= smallest * (1 + SIZE_TIE)]
-    return min(tied, key=lambda p: (_speed(p), -sign * p.metric, p.size, p.index))
+    if timed:
+        for spread in (_batch_spread, _one_spread):
+            tied = [p for p in tied
+                    if not any(measurably_slower(spread(p), spread(q)) for q in tied)] or tied
+    return min(tied, key=lambda p: (-sign * p.metric, formats_used(p), p.index))
 
 
-def _slower(point: FrontPoint, front: Front) -> bool:
+def _one_spread(point: FrontPoint) -> tuple[float, float] | None:
+    return point.latency_ms_interval
+
+
+def _batch_spread(point: FrontPoint) -> tuple[float, float] | None:
+    return point.batch_latency_ms_interval
+
+
+def _slower_than_fp32(point: FrontPoint, front: Front) -> bool:
     """Whether ``point`` is measurably slower than FP32 at every batch both were timed at."""
     fp32 = front.fp32
     pairs = [(point.latency_ms_interval, fp32.latency_ms_interval),
              (point.batch_latency_ms_interval, fp32.batch_latency_ms_interval)]
     timed = [(mine, theirs) for mine, theirs in pairs if mine is not None and theirs is not None]
-    return bool(timed) and all(mine[0] > theirs[1] for mine, theirs in timed)
-
-
-def _speed(point: FrontPoint) -> float:
-    latency = point.latency_ms if point.latency_ms is not None else point.latency
-    return float("inf") if latency is None else latency
+    return bool(timed) and all(measurably_slower(mine, theirs) for mine, theirs in timed)
 
 
 def _constraints(front: Front, limits: Limits, floor: float | None) -> str:
@@ -121,22 +153,45 @@ def _constraints(front: Front, limits: Limits, floor: float | None) -> str:
         parts.append(f"{front.metric} {'>=' if front.higher_is_better else '<='} {floor:.4f}")
     if limits.max_size is not None:
         parts.append(f"size <= {format_bytes(limits.max_size)}")
-    return ", ".join(parts) or "none"
+    return ", ".join(parts)
+
+
+def _nothing(front: Front, limits: Limits, floor: float | None, any_candidate: bool) -> str:
+    """The line when no point meets the constraints (``any_candidate``: some point is shown):
+    keep FP32 where FP32 meets them."""
+    sign = 1.0 if front.higher_is_better else -1.0
+    fp32_fits = ((floor is None or sign * front.fp32.metric >= sign * floor - _EPS)
+                 and (limits.max_size is None or front.fp32.size <= limits.max_size))
+    if any_candidate and fp32_fits:
+        return _keep_fp32(front, limits, floor, None)
+    why = (f"no shown point meets the constraints ({_constraints(front, limits, floor)})"
+           if any_candidate else "no point is shown")
+    return f"no recommendation: {why}; stopped: {limits.stop}"
+
+
+def _keep_fp32(front: Front, limits: Limits, floor: float | None, note: str | None) -> str:
+    """"keep FP32: nothing quantized meets <constraints>" (on the CPU, for an accelerator)."""
+    constraints = _constraints(front, limits, floor) or (
+        f"{front.metric} within the 95 % interval of the best point found")
+    where = ("keep FP32 on the CPU: no point that runs on the accelerator meets"
+             if limits.accelerator else "keep FP32: nothing quantized meets")
+    fp32 = f"FP32: {front.metric} {front.fp32.metric:.4f}, {format_bytes(front.fp32.size)}"
+    return (f"{where} {constraints} ({fp32}{'' if note is None else '; ' + note}); "
+            f"stopped: {limits.stop}")
 
 
 def recommendation_line(front: Front, point: FrontPoint, stop: str) -> str:
-    """"deploy point K: X kB (Nx smaller than FP32), Y ms (Mx faster than FP32), metric V
-    (-D vs FP32, 95 % CI [lo, hi]); stopped: <why>"."""
+    """"deploy point K: X kB (Nx smaller than FP32), metric V (-D vs FP32, 95 % CI [lo, hi]);
+    latency <words>; stopped: <why>", the latency in :func:`latency_words`'s words, saying when
+    latency did not count (not one of the objectives)."""
     fp32 = front.fp32
     size = f"{format_bytes(point.size)} ({fp32.size / max(point.size, 1):.1f}x smaller than FP32)"
-    if point.latency_ms is not None:
-        latency = f"{point.latency_ms:.3g} ms at batch 1 ({versus_fp32(point.latency)})"
-    elif point.latency is not None:
-        latency = f"latency {versus_fp32(point.latency)} (the profile's estimate)"
-    else:
-        latency = "latency unknown"
     drop = point.metric - fp32.metric
     interval = ("" if point.interval is None else
                 f", 95 % CI [{point.interval[0]:.4f}, {point.interval[1]:.4f}]")
-    return (f"deploy point {point.index}: {size}, {latency}, {front.metric} "
-            f"{point.metric:.4f} ({drop:+.4f} vs FP32{interval}); stopped: {stop}")
+    latency = front.latency_words(point)
+    if "latency" not in front.objectives:
+        latency += " (latency did not count: not one of the objectives)"
+    return (f"deploy point {point.index}: {size}, {front.metric} {point.metric:.4f} "
+            f"({drop:+.4f} vs FP32{interval}); latency {latency}; stopped: {stop}")
+

@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypedDict
 
-from mpsearch._recommend import Limits, recommend
+from mpsearch._recommend import Limits, formats_used, recommend
+from mpsearch._wording import measurably_slower
 from mpsearch.analysis import (
     SCHEMA,
     STAT_COLUMNS,
@@ -38,7 +39,7 @@ from mpsearch.clock import SPREAD_SECONDS, time_runs
 from mpsearch.errors import QuantizationError
 from mpsearch.evaluate import is_proportion, metric_floor
 from mpsearch.graph import ModelGraph
-from mpsearch.pareto import dominators
+from mpsearch.pareto import SIZE_TIE, dominators
 from mpsearch.profiles import HardwareProfile, measures_latency
 from mpsearch.progress import Progress, Reporter
 from mpsearch.rundir import Baseline, Front, FrontPoint, RunDir
@@ -46,7 +47,7 @@ from mpsearch.search import SearchResult, TrialRecord, group_nodes
 from mpsearch.spec import Constraints, SearchSpec
 from mpsearch.summary import ModelSummary
 
-__all__ = ["held_out_front", "judge", "relative_latency", "write_analysis"]
+__all__ = ["collapse_ties", "held_out_front", "judge", "relative_latency", "write_analysis"]
 
 
 def write_analysis(run: RunDir, analysis: Analysis, fp32_size: int) -> None:
@@ -173,7 +174,8 @@ def _limits(spec: SearchSpec, profile: HardwareProfile, result: SearchResult) ->
     return Limits(min_metric=constraints.min_metric,
                   max_metric_drop=constraints.max_metric_drop,
                   max_size=profile.size_limit(constraints.max_size_bytes,
-                                              constraints.memory_budget), stop=stop)
+                                              constraints.memory_budget), stop=stop,
+                  accelerator=profile.toolchain is not None)
 
 
 def _uniform_assignments(graph: ModelGraph, profile: HardwareProfile) -> dict[str, Assignment]:
@@ -197,18 +199,75 @@ def judge(points: Sequence[FrontPoint], baselines: Mapping[str, Baseline], *,
     """``points`` with ``dominated``, ``shown`` and ``beaten_by`` set: a point that one of
     ``baselines`` or another point beats on held-out metric, size and (``timed``: the latency
     objective is on) latency, by :mod:`mpsearch.pareto`'s rule, is not shown; a baseline is
-    named before a point when both beat it."""
+    named before a point when both beat it. Timed latencies with spreads count only where they
+    differ measurably. Then shown points that tie (:func:`collapse_ties`) become one."""
     names = list(baselines)
     by = [(b.metric, float(b.size), b.latency if timed else None) for b in baselines.values()]
+    spreads = None
+    if timed and all(e.latency_ms_interval is not None for e in points) and all(
+            b.latency_ms_interval is not None for b in baselines.values()):
+        spreads = ([_spreads(p) for p in points], [_spreads(b) for b in baselines.values()])
     winners = dominators([(p.metric, float(p.size), p.latency if timed else None)
-                          for p in points], higher_is_better=higher_is_better, by=by)
+                          for p in points], higher_is_better=higher_is_better, by=by,
+                         spreads=spreads)
     out = []
     for point, winner in zip(points, winners, strict=True):
         beaten_by = (None if winner is None else names[winner] if winner < len(names)
                      else f"point {points[winner - len(names)].index}")
         out.append(replace(point, dominated=winner is not None, shown=winner is None,
                            beaten_by=beaten_by))
-    return out
+    return collapse_ties(out, higher_is_better=higher_is_better, timed=timed)
+
+
+def _spreads(entry: Baseline | FrontPoint) -> tuple[tuple[float, float] | None, ...]:
+    return entry.latency_ms_interval, entry.batch_latency_ms_interval
+
+
+def collapse_ties(points: Sequence[FrontPoint], *, higher_is_better: bool, timed: bool
+                  ) -> list[FrontPoint]:
+    """``points`` where shown points within the size tie and within each other's 95 %
+    metric interval are one shown point: the one no tied point is measurably faster than
+    (``timed``: latency is an objective), else the simpler (fewer formats), the better metric,
+    the smaller, the lower index. The others are kept, not shown, ``beaten_by`` the kept one."""
+    sign = 1.0 if higher_is_better else -1.0
+    shown = [p for p in points if p.shown]
+
+    def faster_peers(p: FrontPoint) -> int:
+        if not timed:
+            return 0
+        return sum(1 for q in shown if _ties(p, q) and any(
+            measurably_slower(mine, theirs) for mine, theirs in zip(
+                _spreads(p), _spreads(q), strict=True)) and not any(
+            measurably_slower(theirs, mine) for mine, theirs in zip(
+                _spreads(p), _spreads(q), strict=True)))
+
+    order = sorted(shown, key=lambda p: (faster_peers(p), formats_used(p), -sign * p.metric,
+                                         p.size, p.index))
+    kept: list[FrontPoint] = []
+    under: dict[int, int] = {}
+    for p in order:
+        keeper = next((k for k in kept if _ties(p, k)), None)
+        if keeper is None:
+            kept.append(p)
+        else:
+            under[p.index] = keeper.index
+    return [replace(p, shown=False, beaten_by=f"point {under[p.index]}")
+            if p.index in under else p for p in points]
+
+
+def _ties(a: FrontPoint, b: FrontPoint) -> bool:
+    """Whether ``a`` and ``b`` tie: sizes within SIZE_TIE, each metric inside the other's
+    95 % interval (equal metrics where an interval is unknown)."""
+    if max(a.size, b.size) > min(a.size, b.size) * (1.0 + SIZE_TIE):
+        return False
+    return _inside(a.metric, b) and _inside(b.metric, a)
+
+
+def _inside(value: float, point: FrontPoint) -> bool:
+    interval = point.interval
+    if interval is None or interval[0] != interval[0]:
+        return value == point.metric
+    return interval[0] - 1e-9 <= value <= interval[1] + 1e-9
 
 
 class _Latencies(TypedDict, total=False):

@@ -12,7 +12,10 @@ The rule (a point ``a`` is *no worse* than ``b`` when all three hold):
 * size: ``a``'s is at most ``b``'s times ``1 + SIZE_TIE``: sizes within 0.1 % tie, so a few
   bytes of 16-bit zero points do not keep a less accurate configuration beside a better one;
 * latency: compared only when both points have one. A missing latency is no evidence either
-  way: such a point is judged on metric and size alone.
+  way: such a point is judged on metric and size alone. Where timed latencies come with their
+  spreads (``spreads``: ``[fastest, slowest]`` per batch timed), ``a`` is no worse than ``b``
+  unless it is *measurably* slower at some batch (its fastest run slower than ``b``'s slowest):
+  timing noise never makes one point beat another.
 
 ``a`` *dominates* ``b`` when ``a`` is no worse than ``b`` and ``b`` is not no worse than ``a``
 (``a`` is better beyond the tie on at least one objective).
@@ -34,12 +37,29 @@ SIZE_TIE = 1e-3
 #: (metric, size, latency or None).
 Point = tuple[float, float, float | None]
 
+#: A point's latency spreads, ``(fastest, slowest)`` per batch timed, None where untimed.
+Spreads = Sequence[tuple[float, float] | None]
+
+
+def _spread_array(spreads: Sequence[Spreads]) -> np.ndarray:
+    """``spreads`` as an array ``[point, batch, (fastest, slowest)]``, NaN where untimed."""
+    width = max((len(s) for s in spreads), default=0)
+    out = np.full((len(spreads), width, 2), math.nan)
+    for i, per_batch in enumerate(spreads):
+        for k, spread in enumerate(per_batch):
+            if spread is not None:
+                out[i, k] = spread
+    return out
+
 
 def _no_worse(points: Sequence[Point], others: Sequence[Point], *, higher_is_better: bool,
               metric_margin: float = 0.0, size_tie: float = SIZE_TIE,
-              latency_tie: float = 0.0) -> np.ndarray:
+              latency_tie: float = 0.0,
+              spreads: tuple[Sequence[Spreads], Sequence[Spreads]] | None = None
+              ) -> np.ndarray:
     """``[i, j]``: whether ``points[i]`` is no worse than ``others[j]`` (module doc), with
-    ``metric_margin`` (metric units) and ``size_tie``/``latency_tie`` (fractions) of slack."""
+    ``metric_margin`` (metric units) and ``size_tie``/``latency_tie`` (fractions) of slack;
+    ``spreads`` (of ``points``, of ``others``) replace the latencies by their spreads."""
     def columns(pts: Sequence[Point]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         sign = 1.0 if higher_is_better else -1.0
         arr = np.array([(m, s, math.nan if lat is None else lat) for m, s, lat in pts],
@@ -52,6 +72,12 @@ def _no_worse(points: Sequence[Point], others: Sequence[Point], *, higher_is_bet
     gb, sb, lb = columns(others)
     metric = ga[:, None] >= gb[None, :] - metric_margin
     size = sa[:, None] <= sb[None, :] * (1.0 + size_tie)
+    if spreads is not None:
+        mine, theirs = _spread_array(spreads[0]), _spread_array(spreads[1])
+        width = min(mine.shape[1], theirs.shape[1])
+        with np.errstate(invalid="ignore"):
+            slower = mine[:, None, :width, 0] > theirs[None, :, :width, 1]
+        return np.asarray(metric & size & ~slower.any(axis=2))
     known = ~np.isnan(la)[:, None] & ~np.isnan(lb)[None, :]
     with np.errstate(invalid="ignore"):
         latency = ~known | (la[:, None] <= lb[None, :] * (1.0 + latency_tie))
@@ -64,33 +90,41 @@ def dominates(a: Point, b: Point, *, higher_is_better: bool) -> bool:
     return bool(no_worse[0, 1] and not no_worse[1, 0])
 
 
-def _beats(points: Sequence[Point], by: Sequence[Point], higher_is_better: bool
-           ) -> np.ndarray:
-    """``[i, j]``: whether candidate ``i`` (``by``, then ``points``) dominates ``points[j]``."""
+def _beats(points: Sequence[Point], by: Sequence[Point], higher_is_better: bool,
+           spreads: tuple[Sequence[Spreads], Sequence[Spreads]] | None = None) -> np.ndarray:
+    """``[i, j]``: whether candidate ``i`` (``by``, then ``points``) dominates ``points[j]``;
+    ``spreads``: those of ``points`` and of ``by``, when latencies are judged by them."""
     candidates = [*by, *points]
-    forward = _no_worse(candidates, points, higher_is_better=higher_is_better)
-    backward = _no_worse(points, candidates, higher_is_better=higher_is_better)
+    pair = None if spreads is None else ([*spreads[1], *spreads[0]], spreads[0])
+    forward = _no_worse(candidates, points, higher_is_better=higher_is_better, spreads=pair)
+    backward = _no_worse(points, candidates, higher_is_better=higher_is_better,
+                         spreads=None if pair is None else (pair[1], pair[0]))
     return np.asarray(forward & ~backward.T)
 
 
 def dominated_flags(points: Sequence[Point], *, higher_is_better: bool,
-                    by: Sequence[Point] = ()) -> tuple[bool, ...]:
+                    by: Sequence[Point] = (),
+                    spreads: tuple[Sequence[Spreads], Sequence[Spreads]] | None = None
+                    ) -> tuple[bool, ...]:
     """For each point, whether another of ``points`` or one of ``by`` (extra candidates, such
-    as the uniform baselines) dominates it."""
+    as the uniform baselines) dominates it; ``spreads`` as in :func:`dominators`."""
     if not points:
         return ()
-    return tuple(bool(v) for v in np.any(_beats(points, by, higher_is_better), axis=0).tolist())
+    beats = _beats(points, by, higher_is_better, spreads)
+    return tuple(bool(v) for v in np.any(beats, axis=0).tolist())
 
 
-def dominators(points: Sequence[Point], *, higher_is_better: bool, by: Sequence[Point] = ()
+def dominators(points: Sequence[Point], *, higher_is_better: bool, by: Sequence[Point] = (),
+               spreads: tuple[Sequence[Spreads], Sequence[Spreads]] | None = None
                ) -> tuple[int | None, ...]:
     """For each point, the index of a candidate that dominates it, else None; candidates are
     ``by`` first (indices ``0..len(by) - 1``), then ``points`` (``len(by) + i``). Among several
     the one named is one of ``by`` if any, else one no candidate dominates if any; of those the
-    first with the best metric."""
+    first with the best metric. ``spreads`` (those of ``points``, then of ``by``) judge latency
+    by measurable differences only (module doc)."""
     if not points:
         return ()
-    beats = _beats(points, by, higher_is_better)
+    beats = _beats(points, by, higher_is_better, spreads)
     beaten = [False] * len(by) + [bool(v) for v in np.any(beats, axis=0).tolist()]
     sign = 1.0 if higher_is_better else -1.0
     good = [sign * m if m == m else -math.inf for m, _, _ in [*by, *points]]

@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from mpsearch._io import atomic_write, write_json
+from mpsearch._wording import format_bytes, latency_words, speed_at, versus_fp32
 from mpsearch.errors import SearchError
 from mpsearch.spec import SearchSpec
 
 __all__ = ["Baseline", "Front", "FrontPoint", "MeasurementCache", "RunDir", "atomic_write",
-           "check_measurements", "format_bytes", "read_json", "versus_fp32", "write_json"]
+           "check_measurements", "format_bytes", "latency_words", "read_json", "speed_at",
+           "versus_fp32", "write_json"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,27 +79,6 @@ def _numeric(text: str) -> bool:
 
 _LATENCY_FIELDS = ("latency", "latency_estimate", "latency_ms", "batch_latency_ms")
 _INTERVAL_FIELDS = ("latency_ms_interval", "batch_latency_ms_interval")
-
-
-def format_bytes(size: float) -> str:
-    """Bytes for people, decimal units: 812 B, 81.1 kB, 3.91 MB, 215 MB."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if size >= scale:
-            return f"{size / scale:.3g} {unit}" if size < 100 * scale else \
-                f"{size / scale:.0f} {unit}"
-    return f"{size:.0f} B"
-
-
-def versus_fp32(relative: float | None) -> str:
-    """A latency relative to FP32's in words: "2.69x slower than FP32", "1.65x faster than
-    FP32", "as fast as FP32" (within 0.5 %); "-" when unknown."""
-    if relative is None or not relative > 0:
-        return "-"
-    if abs(relative - 1.0) < 0.005:
-        return "as fast as FP32"
-    if relative < 1.0:
-        return f"{1.0 / relative:.2f}x faster than FP32"
-    return f"{relative:.2f}x slower than FP32"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -258,16 +239,29 @@ class Front:
         """The points shown as the front (no baseline or other point beats them)."""
         return tuple(p for p in self.points if p.shown)
 
+    def latency_words(self, entry: FrontPoint | Baseline) -> str:
+        """``entry``'s latency against FP32's in the one wording
+        (:func:`mpsearch._wording.latency_words`)."""
+        return latency_words(entry, self.fp32, batch=self.latency_batch,
+                             source=self.latency_source)
+
     def hidden_note(self) -> str | None:
-        """Why points are not shown, in a sentence (None when every point is)."""
+        """Why points are not shown, in a sentence (None when every point is): beaten (a
+        baseline or point dominates it) or tied (one shown point stands for it)."""
         hidden = [p for p in self.points if not p.shown]
         if not hidden:
             return None
-        by = ", ".join(f"point {p.index} by {p.beaten_by}" for p in hidden)
-        on = "size and latency" if "latency" in self.objectives else "size"
-        return (f"{len(hidden)} of {len(self.points)} searched points hidden, beaten on "
-                f"held-out {self.metric}, {on} ({by}); front.json keeps them with "
-                "shown: false")
+        parts = []
+        beaten = ", ".join(f"point {p.index} by {p.beaten_by}" for p in hidden if p.dominated)
+        if beaten:
+            on = "size and latency" if "latency" in self.objectives else "size"
+            parts.append(f"beaten on held-out {self.metric}, {on} ({beaten})")
+        tied = ", ".join(f"point {p.index} with {p.beaten_by}" for p in hidden
+                         if not p.dominated)
+        if tied:
+            parts.append(f"tied in size and {self.metric} interval ({tied})")
+        return (f"{len(hidden)} of {len(self.points)} searched points hidden: "
+                f"{'; '.join(parts)}; front.json keeps them with shown: false")
 
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "higher_is_better": self.higher_is_better,
@@ -281,11 +275,16 @@ class Front:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Front:
+        # JSON writes a non-finite metric as null: FP32's own SQNR is infinite
+        fill = math.inf if data["metric"] == "sqnr" else math.nan
+
+        def filled(entry: Mapping[str, Any]) -> Mapping[str, Any]:
+            return entry if entry.get("metric") is not None else {**entry, "metric": fill}
         return cls(metric=str(data["metric"]), higher_is_better=bool(data["higher_is_better"]),
                    objectives=tuple(data.get("objectives", ("metric", "size"))),
-                   fp32=Baseline.from_dict(data["fp32"]),
-                   uniform={k: Baseline.from_dict(v) for k, v in data["uniform"].items()},
-                   points=tuple(FrontPoint.from_dict(p) for p in data["points"]),
+                   fp32=Baseline.from_dict(filled(data["fp32"])),
+                   uniform={k: Baseline.from_dict(filled(v)) for k, v in data["uniform"].items()},
+                   points=tuple(FrontPoint.from_dict(filled(p)) for p in data["points"]),
                    evaluations=int(data.get("evaluations", 0)),
                    seconds=float(data.get("seconds", 0.0)), timing=dict(data.get("timing", {})),
                    latency_source=data.get("latency_source"),

@@ -49,9 +49,8 @@ def _front_table(front: Front, show_all: bool) -> None:
         if timed:
             line += (f"  {_ms(item.latency_ms, item.latency_ms_interval):>20}"
                      f"  {_ms(item.batch_latency_ms, item.batch_latency_ms_interval):>20}")
-        words = versus_fp32(item.latency) if item is not front.fp32 else ""
-        estimated = " (estimate)" if front.latency_source == "estimated" and words != "-" else ""
-        print(f"{line}  {words}{estimated}")
+        words = front.latency_words(item) if item is not front.fp32 else ""
+        print(f"{line}  {words}".rstrip())
         if isinstance(item, FrontPoint):
             print(f"{'':<{width}} formats: "
                   + ", ".join(f"{k} {v}" for k, v in sorted(item.counts.items())))

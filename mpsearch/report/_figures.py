@@ -18,7 +18,7 @@ from mpsearch.report._page import axis as _axis
 from mpsearch.report._page import layout as _layout
 from mpsearch.report._page import node_axis as _node_axis
 from mpsearch.report._page import rounded as _r
-from mpsearch.rundir import versus_fp32
+from mpsearch.rundir import latency_words
 
 __all__ = ["figure_curve", "figure_distribution", "figure_flops", "figure_front",
            "figure_op_types", "figure_reverse", "figure_sensitivity"]
@@ -397,7 +397,10 @@ def figure_front(front: Mapping[str, Any], trials: Sequence[Mapping[str, Any]]) 
                           f"%{{x}} {unit}, {metric} %{{y}}<extra></extra>"},
         {"type": "scatter", "mode": "markers", "name": "Pareto front (held-out)", "uid": "front",
          "x": [_r(p["size"] / scale) for p in points], "y": [_r(p["metric"]) for p in points],
-         "customdata": [[p.get("index"), versus_fp32(p.get("latency")), _interval_text(p)]
+         "customdata": [[p.get("index"), latency_words(p, front.get("fp32") or {},
+                                                      batch=front.get("latency_batch"),
+                                                      source=front.get("latency_source")),
+                         _interval_text(p)]
                         for p in points],
          "marker": marker,
          "hovertext": [_assignment_hover(p) for p in points],

@@ -21,7 +21,7 @@ from typing import Any
 
 from mpsearch._io import json_finite
 from mpsearch.report._target import target_html
-from mpsearch.rundir import versus_fp32
+from mpsearch.rundir import latency_words, versus_fp32
 
 __all__ = ["CLASS_COLORS", "MAX_BINS", "axis", "esc", "format_color", "layout", "node_axis",
            "rebin", "render_page", "rounded", "size_unit"]
@@ -348,7 +348,9 @@ def _front_rows(front: Mapping[str, Any], points: Sequence[Mapping[str, Any]],
              *((f.upper(), b) for f, b in (front.get("uniform") or {}).items())]
     rows = []
     for name, p in [*(named if baselines else []), *((str(p["index"]), p) for p in points)]:
-        speed = "-" if name == "FP32" else versus_fp32(p.get("latency"))
+        speed = "-" if name == "FP32" else latency_words(
+            p, front.get("fp32") or {}, batch=front.get("latency_batch"),
+            source=front.get("latency_source"))
         row = [name, _num(p.get("metric")), _interval_cell(p.get("interval")),
                f'{p.get("size") or 0:,}', speed]
         if measured:
@@ -394,14 +396,28 @@ def _front_table(front: Mapping[str, Any]) -> str:
     out = lead + note + _table([*head, "status"], _front_rows(front, shown, measured),
                                scroll=True)
     if hidden:
-        on = "size and latency" if "latency" in (front.get("objectives") or ()) else "size"
-        why = ", ".join(f"point {p['index']} by {p.get('beaten_by')}" for p in hidden)
-        out += (f'<details id="hidden-points"><summary>{len(hidden)} of {len(points)} searched '
-                f"points hidden: beaten on held-out {esc(front.get('metric', 'metric'))}, "
-                f"{on} ({esc(why)})</summary>"
+        out += (f'<details id="hidden-points"><summary>{esc(_hidden_note(front, hidden))}'
+                "</summary>"
                 + _table([*head, "status"], _front_rows(front, hidden, measured, False),
                          scroll=True) + "</details>")
     return out
+
+
+def _hidden_note(front: Mapping[str, Any], hidden: Sequence[Mapping[str, Any]]) -> str:
+    """Why points are hidden: beaten (dominated) or tied with the one shown point."""
+    metric = front.get("metric", "metric")
+    parts = []
+    beaten = ", ".join(f"point {p['index']} by {p.get('beaten_by')}" for p in hidden
+                       if p.get("dominated", True))
+    if beaten:
+        on = "size and latency" if "latency" in (front.get("objectives") or ()) else "size"
+        parts.append(f"beaten on held-out {metric}, {on} ({beaten})")
+    tied = ", ".join(f"point {p['index']} with {p.get('beaten_by')}" for p in hidden
+                     if not p.get("dominated", True))
+    if tied:
+        parts.append(f"tied in size and {metric} interval ({tied})")
+    return (f"{len(hidden)} of {len(front.get('points', ()))} searched points hidden: "
+            + "; ".join(parts))
 
 
 def _front_html(charts: Mapping[str, Any], front: Mapping[str, Any] | None,

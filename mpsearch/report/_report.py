@@ -25,7 +25,7 @@ from mpsearch._io import atomic_write
 from mpsearch.errors import MpsearchError
 from mpsearch.report import _figures as figs
 from mpsearch.report._page import CLASS_COLORS, format_color, render_page
-from mpsearch.rundir import RunDir, versus_fp32
+from mpsearch.rundir import RunDir, latency_words
 
 __all__ = ["MAX_DISTRIBUTION_NODES", "RunFiles", "load_run", "render_report", "write_report"]
 
@@ -224,7 +224,10 @@ def _front_data(files: RunFiles, run_dir: str) -> dict[str, Any] | None:
         "points": [{"index": p.get("index", i), "metric": p.get("metric"),
                     "size": p.get("size"), "latency": p.get("latency"),
                     "interval": p.get("interval"), "dominated": bool(p.get("dominated")),
-                    "speed": versus_fp32(p.get("latency")), "counts": p.get("counts", {}),
+                    "speed": latency_words(p, front.get("fp32") or {},
+                                           batch=front.get("latency_batch"),
+                                           source=front.get("latency_source")),
+                    "counts": p.get("counts", {}),
                     "formats": [formats.index(p["assignment"][n])
                                 if n in p.get("assignment", {}) else -1 for n in nodes]}
                    for i, p in enumerate(points)],

@@ -38,7 +38,7 @@ import optuna
 
 from mpsearch.analysis import Measurement, Measurer
 from mpsearch.assignment import Assignment, estimate_latency, make_assignment, model_size
-from mpsearch.errors import SearchError, interrupted
+from mpsearch.errors import SearchError
 from mpsearch.evaluate import metric_floor
 from mpsearch.pareto import dominated_flags, thin
 from mpsearch.profiles import measures_latency
@@ -52,6 +52,7 @@ from mpsearch.search._callbacks import (
     progress_callback,
     unmoved_trials,
 )
+from mpsearch.search._cancel import cancelled_reason, clear_cancel, watch_cancel
 from mpsearch.search._race import hopeless, race_stages
 from mpsearch.search._score import front_margin, score
 from mpsearch.search._seeds import Group, Seed, group_costs, group_nodes, seed_assignments
@@ -64,24 +65,6 @@ __all__ = ["SearchResult", "TrialRecord", "run_search"]
 logger = logging.getLogger(__name__)
 
 
-class _QuietInterrupts(logging.Filter):
-    """Drops Optuna's two warnings about a trial a Ctrl-C cut short (its traceback, then its
-    value): the CLI says "interrupted" in one line, and the trial is retried on resume."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._cut: set[str] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        trial = text.split(" failed with", 1)[0] if text.startswith("Trial ") else ""
-        if record.exc_info and interrupted(record.exc_info[1]) and trial:
-            self._cut.add(trial)
-            return False
-        return not (trial in self._cut and " failed with value" in text)
-
-
-logging.getLogger("optuna.study._optimize").addFilter(_QuietInterrupts())
 _WORKER = f"{socket.gethostname()}:{os.getpid()}"
 
 
@@ -107,7 +90,8 @@ class SearchResult:
     evaluations: int
     seconds: float
     timing: Mapping[str, float]
-    #: Why the search ended before its trial budget (the patience stop), else None.
+    #: Why the search ended before its trial budget (the patience stop, or "cancelled after N
+    #: trials" when finished with the trials a cancelled search ran), else None.
     stopped: str | None = None
 
 
@@ -349,8 +333,10 @@ def run_search(
         if progress is not None:
             callbacks.append(progress_callback(settings.trials, progress, higher=objective.higher,
                                                evaluations=lambda: objective.evaluations))
-        study.optimize(objective, n_trials=remaining, timeout=settings.timeout_s,
-                       gc_after_trial=False, callbacks=callbacks, catch=())
+        clear_cancel(study)
+        with watch_cancel(study, objective) as watched:
+            study.optimize(watched, n_trials=remaining, timeout=settings.timeout_s,
+                           gc_after_trial=False, callbacks=callbacks, catch=())
         retries = settle_dead_trials(study)  # a dead worker's trial, failed and queued again
         if retries:
             study.optimize(objective, n_trials=retries, gc_after_trial=False, catch=())
@@ -363,6 +349,7 @@ def run_search(
                    f"{finished(study)} trials (budget.patience {patience}; set 0 to run every "
                    "trial)")
         logger.info("search: %s", stopped)
+    stopped = stopped or cancelled_reason(study)
     front = _front(records, min_metric, higher, objective.score_higher)
     if len(front) > FRONT_POINTS:
         logger.info("search front: %d points; re-measuring %d spread along it", len(front),

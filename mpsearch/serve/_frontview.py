@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mpsearch.rundir import speed_at
+
 __all__ = ["Latency", "baselines", "chart_data", "is_shown", "latency", "ratio_text",
            "recommendation", "recommended_index", "speed_words"]
 
@@ -87,16 +89,11 @@ def latency(entry: Mapping[str, Any], batch: bool = False) -> Latency:
 
 
 def speed_words(value: Latency, fp32: Latency) -> str | None:
-    """``value`` against FP32's in words: "1.52× faster than FP32", "2.69× slower than FP32",
-    "about as fast as FP32" within 5 %, or "as fast as FP32 (within the spread)" when the two
-    spreads overlap; None if unknown."""
+    """``value`` against FP32's at one batch in the one wording of the CLI and the report
+    (:func:`mpsearch.rundir.speed_at`): "1.18x slower than FP32 [1.05-1.32]", or "as fast as
+    FP32 (within the spread)" when the two spreads overlap; None if unknown."""
     (ms, spread), (ref, ref_spread) = value, fp32
-    if ms is None or ref is None or ms <= 0 or ref <= 0:
-        return None
-    if spread is not None and ref_spread is not None and (
-            spread[0] <= ref_spread[1] and ref_spread[0] <= spread[1]):
-        return "as fast as FP32 (within the spread)"
-    return ratio_text(ms / ref, None)
+    return speed_at(ms, spread, ref, ref_spread)
 
 
 def ratio_text(ratio: float | None, source: str | None) -> str | None:

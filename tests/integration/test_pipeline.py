@@ -173,11 +173,19 @@ def test_front_json_round_trips_through_rundir(searched: SearchRun, tmp_path: Pa
     def objectives(item: Baseline | FrontPoint) -> tuple[float, float, float | None]:
         return (item.metric, float(item.size), item.latency if timed else None)
 
-    baselines = [objectives(b) for b in (front.fp32, *front.uniform.values())]
-    flags = dominated_flags([objectives(p) for p in front.points], higher_is_better=True,
-                            by=baselines)  # the baselines are candidates of the front
+    def spreads(item: Baseline | FrontPoint) -> tuple[tuple[float, float] | None, ...]:
+        return item.latency_ms_interval, item.batch_latency_ms_interval
+
+    references = (front.fp32, *front.uniform.values())
+    baselines = [objectives(b) for b in references]
+    flags = dominated_flags(  # the baselines are candidates of the front; timed latencies
+        [objectives(p) for p in front.points], higher_is_better=True,  # count measurably
+        by=baselines, spreads=([spreads(p) for p in front.points],
+                               [spreads(b) for b in references]) if timed else None)
     assert tuple(p.dominated for p in front.points) == flags
-    assert tuple(not p.shown for p in front.points) == flags
+    shown = {f"point {p.index}" for p in front.shown}  # else tied with the one point shown
+    assert tuple(not p.shown for p in front.points) == tuple(
+        flag or p.beaten_by in shown for flag, p in zip(flags, front.points, strict=True))
     spec = load_spec(run.spec_yaml)  # the run directory's spec reads back as the same spec
     assert dataclasses.replace(spec, path=None) == with_objectives(_spec())
 

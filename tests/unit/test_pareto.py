@@ -103,3 +103,22 @@ def test_hypervolume_by_hand() -> None:
     assert hypervolume([], 0.5, 20.0) == 0.0
     # one point: a rectangle, (20 - 4) * (0.75 - 0.5) = 4
     assert hypervolume([(0.75, 4.0)], 0.5, 20.0) == pytest.approx(4.0)
+
+
+def test_latency_spreads_count_only_measurable_differences() -> None:
+    same = [(0.9, 100.0, None)] * 3
+    spreads = [[(1.0, 2.0), (10.0, 11.0)],     # 0: overlaps 2 at batch 1, slower at batch N
+               [(3.0, 4.0), (3.0, 4.0)],       # 1: slower than 2 at batch 1, faster at N
+               [(1.5, 2.5), (5.0, 6.0)]]       # 2
+    # 2 beats 0 (faster at N, overlapping at 1); 1 and 2 trade batches: neither beats
+    assert dominators(same, higher_is_better=True, spreads=(spreads, [])) == (2, None, None)
+    # medians 0.7 % apart with overlapping spreads: nobody is beaten
+    close = [[(0.40, 0.60), (10.0, 12.0)], [(0.41, 0.61), (10.1, 12.1)]]
+    assert dominators(same[:2], higher_is_better=True, spreads=(close, [])) == (None, None)
+    # a baseline (``by``) is judged by its spreads too, and a point untimed at a batch is
+    # judged on the batches both were timed at
+    base = [(0.9, 100.0, None)]
+    assert dominators(same[:1], higher_is_better=True, by=base,
+                      spreads=([[(1.0, 2.0), None]], [[(0.1, 0.2), (1.0, 2.0)]])) == (0,)
+    assert dominators(same[:1], higher_is_better=True, by=base,
+                      spreads=([[(1.0, 2.0), None]], [[(1.5, 2.2), (1.0, 2.0)]])) == (None,)
