@@ -1,0 +1,233 @@
+"""Round-to-nearest, HQQ and k-quant scale search for weight-only block formats (NumPy).
+
+Each consumes a float ``[K, N]`` MatMul weight and a :class:`~mpsearch.llm._formats.BlockFormat`
+and produces a :class:`~mpsearch.llm._formats.Quantized` (codes, scales, zero points, and its
+dequantized weight). ``importance`` is a per-input-channel weight ``[K]`` (the diagonal of the
+Hessian ``X^T X`` of the projection's input, as llama.cpp's importance matrix): the k-quant search
+minimises the squared error weighted by it. :func:`weighted_error` scores any result that way,
+or with a full Hessian as ``tr(E^T H E)``, the output error GPTQ minimises.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mpsearch.errors import SpecError
+from mpsearch.llm._formats import BlockFormat, Quantized
+
+__all__ = ["blocks_of", "hqq", "kquant", "quantize", "rtn", "weighted_error"]
+
+_EPS = 1e-12
+
+
+def blocks_of(weight: np.ndarray, fmt: BlockFormat) -> np.ndarray:
+    """``[K, N]`` -> float64 ``[N, n_blocks, block]``, K padded with zeros."""
+    k, n = weight.shape
+    padded = np.zeros((n, fmt.n_blocks(k) * fmt.block))
+    padded[:, :k] = np.asarray(weight, np.float64).T
+    return padded.reshape(n, -1, fmt.block)
+
+
+def _importance_blocks(importance: np.ndarray | None, k: int, fmt: BlockFormat) -> np.ndarray:
+    """Per-channel weights as ``[1, n_blocks, block]``; padding weighs nothing."""
+    w = np.zeros(fmt.n_blocks(k) * fmt.block)
+    w[:k] = 1.0 if importance is None else np.asarray(importance, np.float64)
+    return w.reshape(1, -1, fmt.block)
+
+
+def _check(weight: np.ndarray, fmt: BlockFormat) -> None:
+    if fmt.is_float:
+        raise SpecError(f"{fmt.name} is a float format; only integer block formats quantize")
+    if weight.ndim != 2 or not np.all(np.isfinite(weight)):
+        raise SpecError(f"weight of shape {list(weight.shape)} is not a finite [K, N] matrix")
+
+
+def _result(fmt: BlockFormat, k: int, codes: np.ndarray, scales: np.ndarray,
+            zeros: np.ndarray) -> Quantized:
+    n = codes.shape[0]
+    return Quantized(fmt=fmt, k=k, n=n, codes=codes.reshape(n, -1).astype(np.uint8),
+                     scales=scales.astype(np.float32), zeros=zeros.astype(np.float32))
+
+
+def _encode(x: np.ndarray, scales: np.ndarray, zeros: np.ndarray, levels: int) -> np.ndarray:
+    """Codes of blocks ``x`` under per-block ``scales`` and ``zeros`` (``[..., 1]``)."""
+    inv = np.where(scales != 0, 1.0 / np.where(scales != 0, scales, 1.0), 0.0)
+    codes: np.ndarray = np.clip(np.rint(x * inv + zeros), 0, levels)
+    return codes
+
+
+def block_params(x: np.ndarray, fmt: BlockFormat) -> tuple[np.ndarray, np.ndarray]:
+    """Round-to-nearest scale and zero of blocks ``x`` ``[..., block]``, each ``[..., 1]``.
+
+    Symmetric: the value of largest magnitude maps to code 0 (``-2^(bits-1)`` from the zero),
+    the other side reaching ``2^(bits-1) - 1``, as ONNX Runtime's blockwise quantizer does.
+    uint8 zeros: the range is widened to hold 0 so the integer zero code is in range.
+    Float zeros: min and max map to codes 0 and ``levels`` exactly."""
+    if fmt.symmetric:
+        idx = np.argmax(np.abs(x), axis=-1)[..., None]
+        peak = np.take_along_axis(x, idx, axis=-1)
+        return peak / -fmt.default_zero, np.full_like(peak, fmt.default_zero)
+    lo, hi = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)
+    if fmt.zero == "uint8":
+        lo, hi = np.minimum(lo, 0.0), np.maximum(hi, 0.0)
+    scale = (hi - lo) / fmt.levels
+    safe = np.where(scale > _EPS, scale, 1.0)
+    zero = -lo / safe
+    if fmt.zero == "uint8":
+        zero = np.clip(np.rint(zero), 0, fmt.levels)
+    return np.where(scale > _EPS, scale, 0.0), np.where(scale > _EPS, zero, 0.0)
+
+
+def rtn(weight: np.ndarray, fmt: BlockFormat) -> Quantized:
+    """Round to nearest on each block's min/max (or absolute maximum, symmetric) range."""
+    _check(weight, fmt)
+    x = blocks_of(weight, fmt)
+    scales, zeros = block_params(x, fmt)
+    codes = _encode(x, scales, zeros, fmt.levels)
+    return _result(fmt, weight.shape[0], codes, scales[..., 0], zeros[..., 0])
+
+
+def hqq(weight: np.ndarray, fmt: BlockFormat, importance: np.ndarray | None = None, *,
+        iters: int = 20, lp_norm: float = 0.7, beta: float = 10.0, kappa: float = 1.01
+        ) -> Quantized:
+    """Half-quadratic quantization: keep each block's min/max scale and fit its zero point by
+    the proximal iterations of HQQ (an ``l_p`` shrinkage of the error, ``p < 1``, then the zero
+    as the mean residual). Every iterate (rounded to a code for uint8 zero points) is a
+    candidate; each block keeps the one of least mean absolute error (HQQ's own measure) or,
+    given ``importance``, of least importance-weighted squared error, starting from min/max's
+    zero, and the iterations stop when no block improves. Calibration free."""
+    _check(weight, fmt)
+    if fmt.symmetric:
+        raise SpecError(f"HQQ fits zero points; {fmt.name} has none: use an asymmetric "
+                        f"format such as {fmt.name[:-1]}a or {fmt.name[:-1]}f")
+    x = blocks_of(weight, fmt)
+    w = _importance_blocks(importance, weight.shape[0], fmt)
+    lo, hi = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)
+    span = np.where(hi - lo > _EPS, hi - lo, float(fmt.levels))
+    inv = np.minimum(fmt.levels / span, 2e4)
+    zero = -lo * inv
+    best, best_zero = np.full(zero.shape, np.inf), zero
+    for _ in range(iters):
+        cand = np.clip(np.rint(zero), 0, fmt.levels) if fmt.zero == "uint8" else zero
+        q = np.clip(np.rint(x * inv + cand), 0, fmt.levels)
+        e = x - (q - cand) / inv
+        err = (np.mean(np.abs(e), axis=-1, keepdims=True) if importance is None
+               else np.sum(w * e * e, axis=-1, keepdims=True))
+        better = err < best
+        if not better.any():
+            break
+        best, best_zero = np.where(better, err, best), np.where(better, cand, best_zero)
+        q = np.clip(np.rint(x * inv + zero), 0, fmt.levels)
+        e = x - (q - zero) / inv
+        shrunk = np.sign(e) * np.maximum(np.abs(e) - np.power(np.abs(e) + 1e-8, lp_norm - 1)
+                                         / beta, 0.0)
+        zero = np.mean(q - (x - shrunk) * inv, axis=-1, keepdims=True)
+        beta *= kappa
+    scales = 1.0 / inv
+    codes = _encode(x, scales, best_zero, fmt.levels)
+    return _result(fmt, weight.shape[0], codes, scales[..., 0], best_zero[..., 0])
+
+
+def _refit(x: np.ndarray, w: np.ndarray, codes: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    """Least-squares scale of blocks given their codes and zero: ``sum w l x / sum w l^2``."""
+    lev = codes - zero
+    den = np.sum(w * lev * lev, axis=-1, keepdims=True)
+    num = np.sum(w * lev * x, axis=-1, keepdims=True)
+    return np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+
+
+def _err(x: np.ndarray, w: np.ndarray, codes: np.ndarray, scale: np.ndarray,
+         zero: np.ndarray) -> np.ndarray:
+    err: np.ndarray = np.sum(w * ((codes - zero) * scale - x) ** 2, axis=-1, keepdims=True)
+    return err
+
+
+def _kquant_asym(x: np.ndarray, w: np.ndarray, fmt: BlockFormat, steps: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """llama.cpp's make_qkx search: for each trial inverse scale ``(levels + r) / range`` the
+    codes are rounded, then scale and minimum solved by weighted least squares (minimum kept
+    <= 0); uint8 zeros round the zero to a code, re-encode and refit the scale."""
+    scale, zero = block_params(x, fmt)
+    codes = _encode(x, scale, zero, fmt.levels)
+    best = _err(x, w, codes, scale, zero)
+    lo = np.minimum(x.min(axis=-1, keepdims=True), 0.0)
+    span = np.maximum(x.max(axis=-1, keepdims=True) - lo, _EPS)
+    sw, sx = w.sum(-1, keepdims=True), (w * x).sum(-1, keepdims=True)
+    for step in range(steps + 1):
+        trial = np.clip(np.rint((fmt.levels - 1.0 + 2.0 * step / steps) / span * (x - lo)),
+                        0, fmt.levels)
+        sl, sl2 = (w * trial).sum(-1, keepdims=True), (w * trial ** 2).sum(-1, keepdims=True)
+        sxl = (w * trial * x).sum(-1, keepdims=True)
+        det = sw * sl2 - sl * sl
+        ok = det > _EPS
+        s = np.where(ok, (sw * sxl - sx * sl) / np.where(ok, det, 1.0), 0.0)
+        m = np.where(ok, (sl2 * sx - sl * sxl) / np.where(ok, det, 1.0), 0.0)
+        low = m > 0
+        s = np.where(low, sxl / np.maximum(sl2, _EPS), s)
+        m = np.where(low, 0.0, m)
+        ok &= s > _EPS
+        z = -m / np.where(ok, s, 1.0)
+        if fmt.zero == "uint8":
+            z = np.clip(np.rint(z), 0, fmt.levels)
+            trial = _encode(x, s, z, fmt.levels)
+            s = _refit(x, w, trial, z)
+        err = _err(x, w, trial, s, z)
+        better = ok & (err < best)
+        codes, scale = np.where(better, trial, codes), np.where(better, s, scale)
+        zero, best = np.where(better, z, zero), np.where(better, err, best)
+    return codes, scale, zero
+
+
+def _kquant_sym(x: np.ndarray, w: np.ndarray, fmt: BlockFormat, steps: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """llama.cpp's make_qx search: trial scales around the peak's, codes rounded, the scale
+    refit by weighted least squares; the zero stays the default code."""
+    scale, zero = block_params(x, fmt)
+    codes = _encode(x, scale, zero, fmt.levels)
+    best = _err(x, w, codes, scale, zero)
+    peak = scale * -fmt.default_zero
+    for step in range(-steps // 2, steps // 2 + 1):
+        s = peak / -(fmt.default_zero + 0.1 * step)
+        trial = _encode(x, s, zero, fmt.levels)
+        s = _refit(x, w, trial, zero)
+        err = _err(x, w, trial, s, zero)
+        better = err < best
+        codes, scale, best = (np.where(better, trial, codes), np.where(better, s, scale),
+                              np.where(better, err, best))
+    return codes, scale, zero
+
+
+def kquant(weight: np.ndarray, fmt: BlockFormat, importance: np.ndarray | None = None,
+           *, steps: int = 20) -> Quantized:
+    """k-quant style scale search: per block, the trial scale (and minimum) whose codes give
+    the least ``importance``-weighted squared error, never worse than round to nearest."""
+    _check(weight, fmt)
+    x = blocks_of(weight, fmt)
+    w = np.broadcast_to(_importance_blocks(importance, weight.shape[0], fmt), x.shape)
+    search = _kquant_sym if fmt.symmetric else _kquant_asym
+    codes, scale, zero = search(x, w, fmt, steps)
+    return _result(fmt, weight.shape[0], codes, scale[..., 0], zero[..., 0])
+
+
+def weighted_error(weight: np.ndarray, approx: np.ndarray, hessian: np.ndarray) -> float:
+    """``tr(E^T H E)`` for ``E = weight - approx`` ``[K, N]``: the summed squared output error
+    over the calibration inputs whose ``X^T X`` is ``hessian`` ``[K, K]`` (a ``[K]`` vector is
+    read as a diagonal)."""
+    e = np.asarray(weight, np.float64) - np.asarray(approx, np.float64)
+    h = np.asarray(hessian, np.float64)
+    if h.ndim == 1:
+        return float(np.sum(h[:, None] * e * e))
+    return float(np.sum(e * (h @ e)))
+
+
+def quantize(weight: np.ndarray, fmt: BlockFormat, method: str,
+             importance: np.ndarray | None = None) -> Quantized:
+    """Quantize by ``method`` (``rtn``, ``hqq``, ``kquant``); GPTQ needs a Hessian: see
+    :func:`mpsearch.llm._gptq.gptq`."""
+    if method == "rtn":
+        return rtn(weight, fmt)
+    if method == "hqq":
+        return hqq(weight, fmt, importance)
+    if method == "kquant":
+        return kquant(weight, fmt, importance)
+    raise SpecError(f"weight-only method '{method}' unknown; use rtn, hqq, kquant or gptq")

@@ -1,0 +1,149 @@
+"""Weight-only block formats: exact sizes, packing, RTN bounds, the search methods on synthetic
+weights, and the MatMulNBits export run in ONNX Runtime against x @ dequantize(W)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from mpsearch.errors import QuantizationError, SpecError
+from mpsearch.llm._export import export_weight_only
+from mpsearch.llm._formats import BlockFormat, parse_format, unpack_codes
+from mpsearch.llm._gptq import gptq
+from mpsearch.llm._quant import hqq, kquant, rtn, weighted_error
+from mpsearch.runtime import create_session
+
+ALL = [f"w{b}b{k}{z}" for b in (2, 4, 8) for k in (32, 64, 128) for z in "saf"]
+
+
+def test_names_round_trip_and_bad_names() -> None:
+    for name in [*ALL, "fp16", "fp32"]:
+        assert parse_format(name).name == name
+    assert parse_format("w4b32a") == BlockFormat(bits=4, block=32, zero="uint8")
+    for bad in ("w3b32a", "w4b48s", "w4b32", "int4", "w4b32x"):
+        with pytest.raises(SpecError):
+            parse_format(bad)
+
+
+def test_bits_per_weight_576x1536_exact() -> None:
+    # K=576 in, N=1536 out: 18/9/5 blocks (576/128 = 4.5: the last block is padded)
+    k, n = 576, 1536
+    expected = {"w4b32s": 5.0, "w4b32a": 5.125, "w4b32f": 6.0, "w4b128a": 4 * 5 * 128 / 576
+                + (5 * 32 + 3 * 8) / 576, "w2b64s": 2.5, "w2b64a": 2.5 + 3 * 8 / 576,
+                "w8b128s": 8 * 640 / 576 + 5 * 32 / 576, "fp16": 16.0, "fp32": 32.0}
+    for name, bpw in expected.items():
+        assert parse_format(name).bits_per_weight(k, n) == pytest.approx(bpw, abs=1e-12), name
+
+
+def test_storage_equals_the_packed_tensors() -> None:
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((200, 24)).astype(np.float32)  # K not a multiple of blocks
+    for name in ALL:
+        fmt = parse_format(name)
+        q = rtn(weight, fmt)
+        packed = q.packed()
+        sizes = {key: value.nbytes for key, value in packed.items()}
+        assert sizes == fmt.storage(200, 24), name
+        assert packed["B"].shape == (24, fmt.n_blocks(200), fmt.block * fmt.bits // 8)
+        codes = unpack_codes(packed["B"].reshape(24, -1), fmt.bits)
+        np.testing.assert_array_equal(codes, q.codes)
+
+
+def test_rtn_error_within_half_a_step() -> None:
+    rng = np.random.default_rng(1)
+    weight = (rng.standard_normal((256, 40)) * rng.uniform(0.01, 2, (1, 40))).astype(np.float32)
+    for name in ALL:
+        fmt = parse_format(name)
+        q = rtn(weight, fmt)
+        err = np.abs(weight - q.dequantize()).T.reshape(40, -1, fmt.block)
+        step = np.abs(q.scales)[:, :, None]
+        if fmt.symmetric:
+            # the peak maps to -2^(b-1) steps; the other side stops at 2^(b-1) - 1 steps
+            values = weight.T.reshape(40, -1, fmt.block) / q.scales[:, :, None]
+            inside = values <= fmt.default_zero - 0.5
+            assert np.all(err[~inside] <= step.repeat(fmt.block, -1)[~inside] * 1.0001), name
+            err = np.where(inside, err, 0.0)
+        assert np.all(err <= step * 0.5001 + 1e-7), name
+
+
+def test_methods_never_worse_than_rtn_on_their_objective() -> None:
+    rng = np.random.default_rng(2)
+    k, n = 256, 48
+    weight = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
+    x = rng.standard_normal((1024, k)) @ (np.eye(k) + 0.2 * rng.standard_normal((k, k)))
+    h = x.T @ x / len(x)
+    for name in ("w4b64a", "w2b32f", "w4b128s"):
+        fmt = parse_format(name)
+        base = weighted_error(weight, rtn(weight, fmt).dequantize(), h)
+        diag = weighted_error(weight, rtn(weight, fmt).dequantize(), np.diag(h))
+        ks = weighted_error(weight, kquant(weight, fmt, np.diag(h)).dequantize(), np.diag(h))
+        g = weighted_error(weight, gptq(weight, fmt, h, act_order=True).dequantize(), h)
+        assert ks < diag and g < 0.7 * base, (name, ks / diag, g / base)
+        if not fmt.symmetric:
+            hq = weighted_error(weight, hqq(weight, fmt, np.diag(h)).dequantize(), np.diag(h))
+            assert hq <= diag, name
+    with pytest.raises(SpecError, match="asymmetric"):
+        hqq(weight, parse_format("w4b32s"))
+
+
+def _model(k: int, sizes: tuple[int, ...], seed: int) -> tuple[onnx.ModelProto, list[str]]:
+    """x [2, 3, k] -> MatMul W0 -> MatMul W1 -> ... -> y, with names that collide with the
+    ones the export would pick (W0_Q4, W0_scales, ...)."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, prev, dims = [], [], "x", (k, *sizes)
+    for i in range(len(sizes)):
+        w = (rng.standard_normal((dims[i], dims[i + 1])) / np.sqrt(dims[i])).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"W{i}"))
+        out = f"W{i}_scales" if i == 0 else f"h{i}"  # a tensor named like a fresh scale
+        nodes.append(helper.make_node("MatMul", [prev, f"W{i}"], [out], name=f"W{i}_Q4"))
+        prev = out
+    nodes.append(helper.make_node("Identity", [prev], ["y"], name="W0_MatMulNBits"))
+    graph = helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3, k])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3, dims[-1]])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), [
+        f"W{i}" for i in range(len(sizes))]
+
+
+@pytest.mark.parametrize("level, tol", [(1, 2e-5), (4, 3e-2)])
+def test_export_runs_in_ort_and_matches_dequantized(level: int, tol: float) -> None:
+    model, names = _model(200, (96, 64, 48, 40), seed=3)
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    h = np.eye(96)
+    choices = {names[0]: rtn(weights[names[0]], parse_format("w4b32a")),
+               names[1]: gptq(weights[names[1]], parse_format("w2b64s"), h),
+               names[2]: parse_format("w8b128a"),
+               names[3]: parse_format("fp16")}
+    out = export_weight_only(model, choices, accuracy_level=level)
+    onnx.checker.check_model(out)
+    ops = [n.op_type for n in out.graph.node]
+    assert ops.count("MatMulNBits") == 3 and ops.count("Cast") == 1
+    assert not {"W0", "W1", "W2"} & {t.name for t in out.graph.initializer}
+    all_names = [t.name for t in out.graph.initializer] + [n.name for n in out.graph.node]
+    assert len(all_names) == len(set(all_names))
+    x = np.random.default_rng(4).standard_normal((2, 3, 200)).astype(np.float32)
+    ref = x.astype(np.float64)
+    for name in names:
+        choice = choices[name]
+        if isinstance(choice, BlockFormat):
+            w = (weights[name].astype(np.float16) if choice.is_float
+                 else rtn(weights[name], choice).dequantize())
+        else:
+            w = choice.dequantize()
+        ref = ref @ np.asarray(w, np.float64)
+    y = create_session(out).run({"x": x})["y"]
+    rel = float(np.max(np.abs(y - ref)) / np.max(np.abs(ref)))
+    assert rel < tol, rel
+
+
+def test_export_rejects_what_it_cannot_write() -> None:
+    model, _ = _model(64, (32,), seed=5)
+    with pytest.raises(QuantizationError, match="no MatMul takes"):
+        export_weight_only(model, {"x": parse_format("w4b32a")})
+    with pytest.raises(QuantizationError, match="accuracy_level"):
+        export_weight_only(model, {"W0": parse_format("w4b32a")}, accuracy_level=7)
+    wrong = rtn(np.zeros((32, 64), np.float32), parse_format("w4b32a"))
+    with pytest.raises(QuantizationError, match="64x32"):
+        export_weight_only(model, {"W0": wrong})
