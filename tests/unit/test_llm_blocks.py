@@ -11,7 +11,7 @@ from onnx import helper, numpy_helper
 from mpsearch.errors import QuantizationError, SpecError
 from mpsearch.llm._export import export_weight_only
 from mpsearch.llm._formats import BlockFormat, parse_format, unpack_codes
-from mpsearch.llm._gptq import gptq
+from mpsearch.llm._gptq import collect_hessians, gptq, matmul_weights
 from mpsearch.llm._quant import hqq, kquant, rtn, weighted_error
 from mpsearch.runtime import create_session
 
@@ -140,10 +140,69 @@ def test_export_runs_in_ort_and_matches_dequantized(level: int, tol: float) -> N
 
 def test_export_rejects_what_it_cannot_write() -> None:
     model, _ = _model(64, (32,), seed=5)
-    with pytest.raises(QuantizationError, match="no MatMul takes"):
+    with pytest.raises(QuantizationError, match="no MatMul or Gather takes"):
         export_weight_only(model, {"x": parse_format("w4b32a")})
     with pytest.raises(QuantizationError, match="accuracy_level"):
         export_weight_only(model, {"W0": parse_format("w4b32a")}, accuracy_level=7)
     wrong = rtn(np.zeros((32, 64), np.float32), parse_format("w4b32a"))
     with pytest.raises(QuantizationError, match="64x32"):
         export_weight_only(model, {"W0": wrong})
+
+
+def _lm(vocab: int, d: int, seed: int) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    """input_ids -> Gather(E) -> MatMul W -> MatMul Transpose(E) -> logits: a tied head."""
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((vocab, d)).astype(np.float32)
+    w = (rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["E", "input_ids"], ["x"], name="embed"),
+             helper.make_node("MatMul", ["x", "W"], ["h"], name="proj"),
+             helper.make_node("Transpose", ["E"], ["E_t"], perm=[1, 0], name="tie"),
+             helper.make_node("MatMul", ["h", "E_t"], ["logits"], name="lm_head")]
+    graph = helper.make_graph(
+        nodes, "lm", [helper.make_tensor_value_info("input_ids", onnx.TensorProto.INT64,
+                                                    [1, "seq"])],
+        [helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [1, "seq", vocab])],
+        [numpy_helper.from_array(table, "E"), numpy_helper.from_array(w, "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), table, w
+
+
+@pytest.mark.parametrize("table_format", ["w4b128a", "w8b64s", "w2b32a", "fp16"])
+def test_export_embedding_and_tied_head(table_format: str) -> None:
+    # d=192: blocks of 128 pad the last one, so the gathered rows are sliced back
+    model, table, w = _lm(300, 192, seed=6)
+    fmt = parse_format(table_format)
+    out = export_weight_only(model, {"E": fmt, "W": parse_format("w4b32s")}, accuracy_level=1)
+    onnx.checker.check_model(out)
+    ops = [n.op_type for n in out.graph.node]
+    names = {t.name for t in out.graph.initializer}
+    assert "E" not in names and "W" not in names
+    if fmt.is_float:
+        assert ops.count("Cast") == 1 and "Transpose" in ops
+        e = table.astype(np.float16).astype(np.float64)
+    else:
+        assert "Transpose" not in ops and ops.count("MatMulNBits") == 2, ops
+        assert ops.count("GatherBlockQuantized") == 1 and ops.count("Slice") == (fmt.block == 128)
+        packed = [n for n in out.graph.node if n.op_type == "MatMulNBits"]
+        assert packed[0].input[1] != packed[1].input[1]  # W's blocks and the table's
+        e = rtn(np.ascontiguousarray(table.T), fmt).dequantize().T.astype(np.float64)
+        # one copy of the table's packed blocks, shared by the gather and the head
+        assert sum(t.name.startswith("E_Q") for t in out.graph.initializer) == 1
+    ids = np.array([[5, 299, 0, 17, 5]], np.int64)
+    ref = e[ids] @ rtn(w, parse_format("w4b32s")).dequantize().astype(np.float64) @ e.T
+    y = create_session(out).run({"input_ids": ids})["logits"]
+    assert float(np.max(np.abs(y - ref)) / np.max(np.abs(ref))) < 2e-5
+
+
+def test_gather_refuses_float_zero_points() -> None:
+    model, _, _ = _lm(64, 64, seed=7)
+    with pytest.raises(QuantizationError, match="GatherBlockQuantized"):
+        export_weight_only(model, {"E": parse_format("w4b32f")})
+
+
+def test_collect_hessians_is_x_transpose_x() -> None:
+    model, table, _ = _lm(300, 64, seed=8)
+    windows = np.random.default_rng(9).integers(0, 300, (3, 11)).astype(np.int64)
+    assert matmul_weights(model) == {"W": "x"}
+    hessians = collect_hessians(model, windows)
+    x = table[windows.reshape(-1)].astype(np.float64)
+    np.testing.assert_allclose(hessians["W"], x.T @ x / x.shape[0], rtol=1e-6, atol=1e-9)
