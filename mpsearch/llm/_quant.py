@@ -10,6 +10,8 @@ or with a full Hessian as ``tr(E^T H E)``, the output error GPTQ minimises.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from mpsearch.errors import SpecError
@@ -18,6 +20,9 @@ from mpsearch.llm._formats import BlockFormat, Quantized
 __all__ = ["blocks_of", "hqq", "kquant", "quantize", "rtn", "weighted_error"]
 
 _EPS = 1e-12
+#: output channels searched at a time: bounds the float64 temporaries of a wide weight (a
+#: 49152-row embedding) to a few hundred MB
+_ROWS = 4096
 
 
 def blocks_of(weight: np.ndarray, fmt: BlockFormat) -> np.ndarray:
@@ -78,13 +83,30 @@ def block_params(x: np.ndarray, fmt: BlockFormat) -> tuple[np.ndarray, np.ndarra
     return np.where(scale > _EPS, scale, 0.0), np.where(scale > _EPS, zero, 0.0)
 
 
+_Rows = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _by_rows(weight: np.ndarray, fmt: BlockFormat, importance: np.ndarray | None,
+             fit: Callable[[np.ndarray, np.ndarray], _Rows]) -> Quantized:
+    """Apply ``fit(blocks, importance)`` -> (codes, scales, zeros) to :data:`_ROWS` output
+    channels at a time and assemble the result."""
+    x = blocks_of(weight, fmt)
+    imp = _importance_blocks(importance, weight.shape[0], fmt)
+    parts = [fit(x[i:i + _ROWS], np.broadcast_to(imp, x[i:i + _ROWS].shape))
+             for i in range(0, x.shape[0], _ROWS)]
+    codes, scale, zero = (np.concatenate([p[j] for p in parts]) for j in range(3))
+    return _result(fmt, weight.shape[0], codes, scale[..., 0], zero[..., 0])
+
+
 def rtn(weight: np.ndarray, fmt: BlockFormat) -> Quantized:
     """Round to nearest on each block's min/max (or absolute maximum, symmetric) range."""
     _check(weight, fmt)
-    x = blocks_of(weight, fmt)
-    scales, zeros = block_params(x, fmt)
-    codes = _encode(x, scales, zeros, fmt.levels)
-    return _result(fmt, weight.shape[0], codes, scales[..., 0], zeros[..., 0])
+
+    def fit(x: np.ndarray, _: np.ndarray) -> _Rows:
+        scales, zeros = block_params(x, fmt)
+        return _encode(x, scales, zeros, fmt.levels), scales, zeros
+
+    return _by_rows(weight, fmt, None, fit)
 
 
 def hqq(weight: np.ndarray, fmt: BlockFormat, importance: np.ndarray | None = None, *,
@@ -100,8 +122,17 @@ def hqq(weight: np.ndarray, fmt: BlockFormat, importance: np.ndarray | None = No
     if fmt.symmetric:
         raise SpecError(f"HQQ fits zero points; {fmt.name} has none: use an asymmetric "
                         f"format such as {fmt.name[:-1]}a or {fmt.name[:-1]}f")
-    x = blocks_of(weight, fmt)
-    w = _importance_blocks(importance, weight.shape[0], fmt)
+
+    def fit(x: np.ndarray, w: np.ndarray) -> _Rows:
+        return _hqq_rows(x, w if importance is not None else None, fmt,
+                         (iters, lp_norm, beta, kappa))
+
+    return _by_rows(weight, fmt, importance, fit)
+
+
+def _hqq_rows(x: np.ndarray, w: np.ndarray | None, fmt: BlockFormat,
+              params: tuple[int, float, float, float]) -> _Rows:
+    iters, lp_norm, beta, kappa = params
     lo, hi = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)
     span = np.where(hi - lo > _EPS, hi - lo, float(fmt.levels))
     inv = np.minimum(fmt.levels / span, 2e4)
@@ -111,7 +142,7 @@ def hqq(weight: np.ndarray, fmt: BlockFormat, importance: np.ndarray | None = No
         cand = np.clip(np.rint(zero), 0, fmt.levels) if fmt.zero == "uint8" else zero
         q = np.clip(np.rint(x * inv + cand), 0, fmt.levels)
         e = x - (q - cand) / inv
-        err = (np.mean(np.abs(e), axis=-1, keepdims=True) if importance is None
+        err = (np.mean(np.abs(e), axis=-1, keepdims=True) if w is None
                else np.sum(w * e * e, axis=-1, keepdims=True))
         better = err < best
         if not better.any():
@@ -124,8 +155,7 @@ def hqq(weight: np.ndarray, fmt: BlockFormat, importance: np.ndarray | None = No
         zero = np.mean(q - (x - shrunk) * inv, axis=-1, keepdims=True)
         beta *= kappa
     scales = 1.0 / inv
-    codes = _encode(x, scales, best_zero, fmt.levels)
-    return _result(fmt, weight.shape[0], codes, scales[..., 0], best_zero[..., 0])
+    return _encode(x, scales, best_zero, fmt.levels), scales, best_zero
 
 
 def _refit(x: np.ndarray, w: np.ndarray, codes: np.ndarray, zero: np.ndarray) -> np.ndarray:
@@ -202,11 +232,8 @@ def kquant(weight: np.ndarray, fmt: BlockFormat, importance: np.ndarray | None =
     """k-quant style scale search: per block, the trial scale (and minimum) whose codes give
     the least ``importance``-weighted squared error, never worse than round to nearest."""
     _check(weight, fmt)
-    x = blocks_of(weight, fmt)
-    w = np.broadcast_to(_importance_blocks(importance, weight.shape[0], fmt), x.shape)
     search = _kquant_sym if fmt.symmetric else _kquant_asym
-    codes, scale, zero = search(x, w, fmt, steps)
-    return _result(fmt, weight.shape[0], codes, scale[..., 0], zero[..., 0])
+    return _by_rows(weight, fmt, importance, lambda x, w: search(x, w, fmt, steps))
 
 
 def weighted_error(weight: np.ndarray, approx: np.ndarray, hessian: np.ndarray) -> float:

@@ -3,6 +3,9 @@ weights, and the MatMulNBits export run in ONNX Runtime against x @ dequantize(W
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -206,3 +209,11 @@ def test_collect_hessians_is_x_transpose_x() -> None:
     hessians = collect_hessians(model, windows)
     x = table[windows.reshape(-1)].astype(np.float64)
     np.testing.assert_allclose(hessians["W"], x.T @ x / x.shape[0], rtol=1e-6, atol=1e-9)
+
+
+def test_docs_table_states_the_computed_sizes() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "llm-formats.md").read_text()
+    cells = re.findall(r"\| (w\d+b\d+[saf]) \| ([\d.]+) \|", text)
+    assert len(cells) == 27
+    for name, bpw in cells:
+        assert float(bpw) == round(parse_format(name).bits_per_weight(576, 1536), 3), name
