@@ -15,9 +15,11 @@ from typing import Any
 
 from mpsearch._yaml import LineList, Section
 
-__all__ = ["WEIGHT_ONLY_OPS", "WeightOnly", "WeightOnlyKernel", "parse_weight_only"]
+__all__ = ["EMBEDDING_OPS", "WEIGHT_ONLY_OPS", "WeightOnly", "WeightOnlyEmbedding",
+           "WeightOnlyKernel", "parse_weight_only"]
 
 WEIGHT_ONLY_OPS = ("MatMulNBits",)
+EMBEDDING_OPS = ("GatherBlockQuantized",)
 _ZEROS = {"none": "s", "uint8": "a", "float": "f"}
 _KERNEL_KEYS = ("bits", "blocks", "zero_points", "accuracy_levels", "int8_activation_levels")
 _FLOAT_WEIGHTS = ("fp32", "fp16")
@@ -45,13 +47,33 @@ class WeightOnlyKernel:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WeightOnlyEmbedding:
+    """The block formats ``op`` gathers an embedding table in, a tied ``lm_head`` (MatMulNBits
+    on the same blocks) included."""
+
+    op: str
+    bits: tuple[int, ...]
+    blocks: tuple[int, ...]
+    zero_points: tuple[str, ...]
+
+    def formats(self) -> tuple[str, ...]:
+        return WeightOnlyKernel(bits=self.bits, blocks=self.blocks,
+                                zero_points=self.zero_points, accuracy_levels=()).formats()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "bits": list(self.bits), "blocks": list(self.blocks),
+                "zero_points": list(self.zero_points)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WeightOnly:
     """The weight-only formats of a target: ``op`` runs ``kernels``; ``float_weights`` are the
-    float weight formats kept as MatMul."""
+    float weight formats kept as MatMul; ``embedding`` the table formats (None: none)."""
 
     op: str
     kernels: Mapping[str, WeightOnlyKernel]
     float_weights: tuple[str, ...] = _FLOAT_WEIGHTS
+    embedding: WeightOnlyEmbedding | None = None
 
     def runs(self) -> frozenset[tuple[str, int]]:
         """Every ``(format name, accuracy_level)`` the kernel runs."""
@@ -70,7 +92,8 @@ class WeightOnly:
 
     def to_dict(self) -> dict[str, Any]:
         return {"op": self.op, "float_weights": list(self.float_weights),
-                "kernels": {n: k.to_dict() for n, k in self.kernels.items()}}
+                "kernels": {n: k.to_dict() for n, k in self.kernels.items()},
+                **({"embedding": self.embedding.to_dict()} if self.embedding else {})}
 
 
 def _int_list(sec: Section, key: str, allowed: tuple[int, ...]) -> tuple[int, ...]:
@@ -98,9 +121,19 @@ def _kernel(sec: Section) -> WeightOnlyKernel:
         accuracy_levels=levels, int8_activation_levels=int8)
 
 
+def _embedding(sec: Section) -> WeightOnlyEmbedding:
+    sec.check_keys(("op", "bits", "blocks", "zero_points"),
+                   required=("op", "bits", "blocks", "zero_points"))
+    return WeightOnlyEmbedding(
+        op=sec.get_str("op", choices=EMBEDDING_OPS), bits=_int_list(sec, "bits", (2, 4, 8)),
+        blocks=_int_list(sec, "blocks", (16, 32, 64, 128, 256)),
+        zero_points=sec.get_str_list("zero_points", choices=tuple(_ZEROS), non_empty=True))
+
+
 def parse_weight_only(sec: Section) -> WeightOnly:
-    """``weight_only: {op, float_weights, kernels: {group: {bits, blocks, ...}}}``."""
-    sec.check_keys(("op", "float_weights", "kernels"), required=("op", "kernels"))
+    """``weight_only: {op, float_weights, kernels: {group: {bits, blocks, ...}}, embedding:
+    {op, bits, blocks, zero_points}}``."""
+    sec.check_keys(("op", "float_weights", "kernels", "embedding"), required=("op", "kernels"))
     groups = sec.section("kernels")
     if not groups.data:
         groups.fail_at(groups.data.mark, f"{groups.where} is empty; list at least one group")
@@ -108,4 +141,5 @@ def parse_weight_only(sec: Section) -> WeightOnly:
         op=sec.get_str("op", choices=WEIGHT_ONLY_OPS),
         kernels={str(name): _kernel(groups.section(name)) for name in groups.keys()},
         float_weights=sec.get_str_list("float_weights", _FLOAT_WEIGHTS,
-                                       choices=_FLOAT_WEIGHTS))
+                                       choices=_FLOAT_WEIGHTS),
+        embedding=_embedding(sec.section("embedding")) if "embedding" in sec else None)

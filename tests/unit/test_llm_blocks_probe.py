@@ -4,7 +4,7 @@ and where they quantize the activations, as the kernel probe finds them on this 
 from __future__ import annotations
 
 from mpsearch.llm._formats import BlockFormat
-from mpsearch.llm._probe import probe_kernel, probe_kernels, tolerance
+from mpsearch.llm._probe import probe_embeddings, probe_kernel, probe_kernels, tolerance
 from mpsearch.profiles import host_int8_isa, load_profile, x86_profile_for
 
 
@@ -31,3 +31,15 @@ def test_8_bit_float_zero_points_are_refused_not_wrong() -> None:
     result = probe_kernel(BlockFormat(bits=8, block=32, zero="float"), 0)
     assert not result.loaded and result.error is None
     assert "has_unquantized_zero_point" in result.message
+
+
+def test_host_profile_embedding_claims_equal_the_probe() -> None:
+    spec = load_profile(x86_profile_for(host_int8_isa())).weight_only
+    assert spec is not None and spec.embedding is not None
+    assert spec.embedding.op == "GatherBlockQuantized"
+    results = probe_embeddings()
+    assert len(results) == 27
+    runs = {r.fmt for r in results if r.runs}
+    assert runs == set(spec.embedding.formats()), sorted(runs ^ set(spec.embedding.formats()))
+    for r in results:  # a refusal is ORT's load error, never a wrong result
+        assert r.runs or (not r.loaded and "GatherBlockQuantized" in r.message), r
