@@ -158,82 +158,18 @@ def _hqq_rows(x: np.ndarray, w: np.ndarray | None, fmt: BlockFormat,
     return _encode(x, scales, best_zero, fmt.levels), scales, best_zero
 
 
-def _refit(x: np.ndarray, w: np.ndarray, codes: np.ndarray, zero: np.ndarray) -> np.ndarray:
-    """Least-squares scale of blocks given their codes and zero: ``sum w l x / sum w l^2``."""
-    lev = codes - zero
-    den = np.sum(w * lev * lev, axis=-1, keepdims=True)
-    num = np.sum(w * lev * x, axis=-1, keepdims=True)
-    return np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
-
-
-def _err(x: np.ndarray, w: np.ndarray, codes: np.ndarray, scale: np.ndarray,
-         zero: np.ndarray) -> np.ndarray:
-    err: np.ndarray = np.sum(w * ((codes - zero) * scale - x) ** 2, axis=-1, keepdims=True)
-    return err
-
-
-def _kquant_asym(x: np.ndarray, w: np.ndarray, fmt: BlockFormat, steps: int
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """llama.cpp's make_qkx search: for each trial inverse scale ``(levels + r) / range`` the
-    codes are rounded, then scale and minimum solved by weighted least squares (minimum kept
-    <= 0); uint8 zeros round the zero to a code, re-encode and refit the scale."""
-    scale, zero = block_params(x, fmt)
-    codes = _encode(x, scale, zero, fmt.levels)
-    best = _err(x, w, codes, scale, zero)
-    lo = np.minimum(x.min(axis=-1, keepdims=True), 0.0)
-    span = np.maximum(x.max(axis=-1, keepdims=True) - lo, _EPS)
-    sw, sx = w.sum(-1, keepdims=True), (w * x).sum(-1, keepdims=True)
-    for step in range(steps + 1):
-        trial = np.clip(np.rint((fmt.levels - 1.0 + 2.0 * step / steps) / span * (x - lo)),
-                        0, fmt.levels)
-        sl, sl2 = (w * trial).sum(-1, keepdims=True), (w * trial ** 2).sum(-1, keepdims=True)
-        sxl = (w * trial * x).sum(-1, keepdims=True)
-        det = sw * sl2 - sl * sl
-        ok = det > _EPS
-        s = np.where(ok, (sw * sxl - sx * sl) / np.where(ok, det, 1.0), 0.0)
-        m = np.where(ok, (sl2 * sx - sl * sxl) / np.where(ok, det, 1.0), 0.0)
-        low = m > 0
-        s = np.where(low, sxl / np.maximum(sl2, _EPS), s)
-        m = np.where(low, 0.0, m)
-        ok &= s > _EPS
-        z = -m / np.where(ok, s, 1.0)
-        if fmt.zero == "uint8":
-            z = np.clip(np.rint(z), 0, fmt.levels)
-            trial = _encode(x, s, z, fmt.levels)
-            s = _refit(x, w, trial, z)
-        err = _err(x, w, trial, s, z)
-        better = ok & (err < best)
-        codes, scale = np.where(better, trial, codes), np.where(better, s, scale)
-        zero, best = np.where(better, z, zero), np.where(better, err, best)
-    return codes, scale, zero
-
-
-def _kquant_sym(x: np.ndarray, w: np.ndarray, fmt: BlockFormat, steps: int
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """llama.cpp's make_qx search: trial scales around the peak's, codes rounded, the scale
-    refit by weighted least squares; the zero stays the default code."""
-    scale, zero = block_params(x, fmt)
-    codes = _encode(x, scale, zero, fmt.levels)
-    best = _err(x, w, codes, scale, zero)
-    peak = scale * -fmt.default_zero
-    for step in range(-steps // 2, steps // 2 + 1):
-        s = peak / -(fmt.default_zero + 0.1 * step)
-        trial = _encode(x, s, zero, fmt.levels)
-        s = _refit(x, w, trial, zero)
-        err = _err(x, w, trial, s, zero)
-        better = err < best
-        codes, scale, best = (np.where(better, trial, codes), np.where(better, s, scale),
-                              np.where(better, err, best))
-    return codes, scale, zero
-
-
 def kquant(weight: np.ndarray, fmt: BlockFormat, importance: np.ndarray | None = None,
            *, steps: int = 20) -> Quantized:
-    """k-quant style scale search: per block, the trial scale (and minimum) whose codes give
-    the least ``importance``-weighted squared error, never worse than round to nearest."""
+    """k-quant style scale search (llama.cpp's make_qkx for zero-point formats, make_qx for
+    symmetric ones): per block, the trial scale (and minimum) whose codes, refit by weighted
+    least squares, give the least ``importance``-weighted squared error; never worse than
+    round to nearest. Compiled (:mod:`mpsearch.kernels._kquant`)."""
+    from mpsearch.kernels._kquant import kquant_search
+
     _check(weight, fmt)
-    search = _kquant_sym if fmt.symmetric else _kquant_asym
-    return _by_rows(weight, fmt, importance, lambda x, w: search(x, w, fmt, steps))
+    kind = ("none", "uint8", "float").index(fmt.zero)
+    return _by_rows(weight, fmt, importance,
+                    lambda x, w: kquant_search(x, w, fmt.levels, kind, steps))
 
 
 def weighted_error(weight: np.ndarray, approx: np.ndarray, hessian: np.ndarray) -> float:

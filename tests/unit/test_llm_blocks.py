@@ -12,6 +12,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from mpsearch.errors import QuantizationError, SpecError
+from mpsearch.kernels._kquant import kquant_search, kquant_search_numpy
 from mpsearch.llm._export import export_weight_only
 from mpsearch.llm._formats import BlockFormat, parse_format, unpack_codes
 from mpsearch.llm._gptq import collect_hessians, gptq, matmul_weights
@@ -73,9 +74,9 @@ def test_rtn_error_within_half_a_step() -> None:
 
 def test_methods_never_worse_than_rtn_on_their_objective() -> None:
     rng = np.random.default_rng(2)
-    k, n = 256, 48
+    k, n = 128, 32
     weight = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
-    x = rng.standard_normal((1024, k)) @ (np.eye(k) + 0.2 * rng.standard_normal((k, k)))
+    x = rng.standard_normal((512, k)) @ (np.eye(k) + 0.2 * rng.standard_normal((k, k)))
     h = x.T @ x / len(x)
     for name in ("w4b64a", "w2b32f", "w4b128s"):
         fmt = parse_format(name)
@@ -217,3 +218,17 @@ def test_docs_table_states_the_computed_sizes() -> None:
     assert len(cells) == 27
     for name, bpw in cells:
         assert float(bpw) == round(parse_format(name).bits_per_weight(576, 1536), 3), name
+
+
+@pytest.mark.parametrize("levels, kind", [(15, 0), (15, 1), (15, 2), (3, 0), (3, 1), (3, 2),
+                                          (255, 1)])
+def test_kquant_kernel_equals_its_numpy_twin(levels: int, kind: int) -> None:
+    rng = np.random.default_rng(levels + kind)
+    x = rng.standard_normal((300, 32)) * rng.uniform(0.01, 1, (300, 1))
+    x[0] = 0.0  # a block of zeros: scale 0
+    w = np.broadcast_to(rng.uniform(0.1, 3, (1, 32)), x.shape)
+    got = kquant_search(x, w, levels, kind, 20)
+    want = kquant_search_numpy(x, w, levels, kind, 20)
+    np.testing.assert_array_equal(got[0], want[0])
+    for g, e in zip(got[1:], want[1:], strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-15)
