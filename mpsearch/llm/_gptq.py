@@ -39,13 +39,15 @@ def _inverse_factor(hessian: np.ndarray, damp: float) -> np.ndarray:
                         "raise damp or calibrate on more tokens") from e
 
 
-def _group_params(w: np.ndarray, fmt: BlockFormat, fit: str) -> tuple[np.ndarray, np.ndarray]:
-    """Scale and zero ``[N]`` of one group ``w`` ``[N, g]`` (rows are output channels)."""
-    if fit == "kquant":
-        q = kquant(np.ascontiguousarray(w.T), BlockFormat(bits=fmt.bits, block=w.shape[1]
-                                                          if w.shape[1] >= 16 else 16,
-                                                          zero=fmt.zero))
+def _group_params(w: np.ndarray, fmt: BlockFormat, fit: str, importance: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Scale and zero ``[N]`` of one group ``w`` ``[N, g]`` (rows are output channels);
+    ``importance`` ``[g]``: the group's channels' ``diag(H)``, weighing the k-quant search."""
+    if fit == "kquant":  # one block: a short last group is padded, the padding weighs 0
+        q = kquant(np.ascontiguousarray(w.T), fmt, importance)
         return q.scales[:, 0].astype(np.float64), q.zeros[:, 0].astype(np.float64)
+    if fit != "rtn":
+        raise SpecError(f"GPTQ group fit '{fit}' unknown; use rtn or kquant")
     scale, zero = block_params(w, fmt)
     return scale[:, 0], zero[:, 0]
 
@@ -74,7 +76,8 @@ def gptq(weight: np.ndarray, fmt: BlockFormat, hessian: np.ndarray, *, damp: flo
     scales, zeros = np.zeros((n, nb)), np.zeros((n, nb))
     if act_order:
         for b in range(nb):
-            scales[:, b], zeros[:, b] = _group_params(w[:, b * g:(b + 1) * g], fmt, fit)
+            scales[:, b], zeros[:, b] = _group_params(w[:, b * g:(b + 1) * g], fmt, fit,
+                                                      np.diag(h)[b * g:(b + 1) * g])
     u = _inverse_factor(h[np.ix_(order, order)], damp)
     w = w[:, order]
     codes = np.zeros((n, k))
@@ -87,7 +90,8 @@ def gptq(weight: np.ndarray, fmt: BlockFormat, hessian: np.ndarray, *, damp: flo
             col = order[i1 + i]
             grp = col // g
             if not act_order and col % g == 0:
-                scales[:, grp], zeros[:, grp] = _group_params(block[:, i:i + g], fmt, fit)
+                scales[:, grp], zeros[:, grp] = _group_params(block[:, i:i + g], fmt, fit,
+                                                              np.diag(h)[col:col + g])
             s, z = scales[:, grp], zeros[:, grp]
             inv = np.where(s != 0, 1.0 / np.where(s != 0, s, 1.0), 0.0)
             q = np.clip(np.rint(block[:, i] * inv + z), 0, fmt.levels)
