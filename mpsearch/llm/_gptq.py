@@ -15,7 +15,6 @@ from collections.abc import Mapping
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from mpsearch.errors import DataError, SpecError
 from mpsearch.llm._formats import BlockFormat, Quantized
@@ -171,10 +170,3 @@ def collect_hessians(model: onnx.ModelProto, windows: np.ndarray,
     logger.debug("Hessians of %d inputs over %d tokens", len(inputs), count)
     return {weight: sums[inp] / count for weight, inp in wanted.items()}
 
-
-def weight_array(model: onnx.ModelProto, name: str) -> np.ndarray:
-    """The float initializer ``name`` of ``model`` as an array."""
-    for tensor in model.graph.initializer:
-        if tensor.name == name:
-            return numpy_helper.to_array(tensor)
-    raise SpecError(f"no initializer named '{name}' in the model")
