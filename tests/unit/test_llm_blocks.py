@@ -11,11 +11,11 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from mpsearch.errors import QuantizationError, SpecError
+from mpsearch.errors import DataError, QuantizationError, SpecError
 from mpsearch.kernels._kquant import kquant_search, kquant_search_numpy
 from mpsearch.llm._export import export_weight_only
 from mpsearch.llm._formats import BlockFormat, parse_format, unpack_codes
-from mpsearch.llm._gptq import collect_hessians, gptq, matmul_weights
+from mpsearch.llm._gptq import _feeds, collect_hessians, gptq, matmul_weights
 from mpsearch.llm._quant import hqq, kquant, rtn, weighted_error
 from mpsearch.runtime import create_session
 
@@ -232,3 +232,25 @@ def test_kquant_kernel_equals_its_numpy_twin(levels: int, kind: int) -> None:
     np.testing.assert_array_equal(got[0], want[0])
     for g, e in zip(got[1:], want[1:], strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-15)
+
+
+def test_hessian_feeds_cover_decoder_inputs() -> None:
+    def inp(name: str, elem: int, shape: list[int | str]) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, elem, shape)
+
+    graph = helper.make_graph(
+        [], "decoder",
+        [inp("input_ids", onnx.TensorProto.INT64, ["batch", "seq"]),
+         inp("attention_mask", onnx.TensorProto.INT64, ["batch", "total"]),
+         inp("position_ids", onnx.TensorProto.INT64, ["batch", "seq"]),
+         inp("past_key_values.0.key", onnx.TensorProto.FLOAT, ["batch", 3, "past", 64])],
+        [inp("input_ids", onnx.TensorProto.INT64, ["batch", "seq"])])
+    feeds = _feeds(helper.make_model(graph), np.arange(7, dtype=np.int64)[None])
+    assert {k: v.shape for k, v in feeds.items()} == {
+        "input_ids": (1, 7), "attention_mask": (1, 7), "position_ids": (1, 7),
+        "past_key_values.0.key": (1, 3, 0, 64)}
+    np.testing.assert_array_equal(feeds["position_ids"][0], np.arange(7))
+    assert feeds["attention_mask"].sum() == 7
+    graph.input.append(inp("pixel_values", onnx.TensorProto.FLOAT, [1, 3]))
+    with pytest.raises(DataError, match="pixel_values"):
+        _feeds(helper.make_model(graph), np.zeros((1, 4), np.int64))
