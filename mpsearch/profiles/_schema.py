@@ -33,6 +33,7 @@ from mpsearch.profiles._types import (
     TensorFormat,
     ToolchainRef,
 )
+from mpsearch.profiles._weight_only import parse_weight_only
 
 __all__ = ["list_shipped", "read_profile", "resolve_profile", "shipped_profile_path"]
 
@@ -41,7 +42,8 @@ logger = logging.getLogger(__name__)
 UNKNOWN = ("unknown",)
 TOP_KEYS = ("schema", "name", "extends", "description", "versions", "sources", "formats",
             "default_format", "cost_reference", "fallback", "unlisted_ops", "op_rules",
-            "transition_cost", "memory_budget_bytes", "runtime", "toolchain", "unknowns")
+            "transition_cost", "memory_budget_bytes", "runtime", "toolchain", "unknowns",
+            "weight_only")
 REQUIRED_TOP = ("description", "versions", "sources", "formats", "default_format", "fallback",
                 "op_rules", "transition_cost", "memory_budget_bytes")
 FORMAT_KEYS = ("activation", "weight", "bias", "executes", "relative_cost")
@@ -191,6 +193,8 @@ def build_profile(root: Section, path: Path) -> HardwareProfile:
         "memory_budget_bytes": root.get_int("memory_budget_bytes", minimum=0, unknown=UNKNOWN),
         "runtime": root.get_str("runtime", None, choices=RUNTIMES),
         "toolchain": _parse_toolchain(root),
+        "weight_only": (parse_weight_only(root.section("weight_only"))
+                        if "weight_only" in root else None),
     }
     unknowns = _unknowns(root.get_str_list("unknowns", ()), formats, rules, fields)
     return HardwareProfile(formats=formats, default_format=default, cost_reference=reference,

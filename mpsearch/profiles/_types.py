@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from mpsearch._yaml import suggest
 from mpsearch.errors import ProfileError
+from mpsearch.profiles._weight_only import WeightOnly
 
 __all__ = [
     "ACTIVATION_DTYPES",
@@ -289,6 +290,8 @@ class HardwareProfile:
     timed rather than estimated (:func:`mpsearch.profiles.measures_latency`); None otherwise.
     ``toolchain`` names the vendor toolchain that can compile, place and emulate the target's
     models (:mod:`mpsearch.targets`), with its settings; None when there is none on the index.
+    ``weight_only`` lists the weight-only block formats (decoder LLMs) the target's kernel runs
+    (:mod:`mpsearch.profiles._weight_only`); None when it has none.
     """
 
     name: str
@@ -306,6 +309,7 @@ class HardwareProfile:
     unknowns: tuple[str, ...] = ()
     runtime: str | None = None
     toolchain: ToolchainRef | None = None
+    weight_only: WeightOnly | None = None
     path: str | None = None
 
     def __post_init__(self) -> None:
@@ -455,6 +459,8 @@ class HardwareProfile:
             "memory_budget_bytes": self.memory_budget_bytes, "unknowns": list(self.unknowns),
             **({"runtime": self.runtime} if self.runtime is not None else {}),
             **({"toolchain": self.toolchain.to_dict()} if self.toolchain is not None else {}),
+            **({"weight_only": self.weight_only.to_dict()}
+               if self.weight_only is not None else {}),
         }
 
 

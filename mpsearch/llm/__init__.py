@@ -1,0 +1,1 @@
+"""Decoder language models: weight-only block formats, quantization, text data and metrics."""
