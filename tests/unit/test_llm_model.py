@@ -219,3 +219,25 @@ def test_weight_files_and_weightless_models_exit_2(tmp_path: Path) -> None:
     onnx.save_model(helper.make_model(graph), tmp_path / "bare.onnx")
     with pytest.raises(ModelError, match="bare.onnx: no MatMul or Gemm with a constant weight"):
         load_language_model(tmp_path / "bare.onnx")
+
+
+def test_ingest_reads_optimum_names(model: LanguageModel, tmp_path: Path) -> None:
+    """Optimum names initializers ``onnx::MatMul_N`` and nodes ``/model/layers.0/self_attn/
+    q_proj/MatMul``: roles and layers come from the node names and the graph."""
+    proto = onnx.load(str(model.path))
+    renamed = {}
+    for k, node in enumerate(proto.graph.node):
+        if node.op_type == "MatMul" and node.input[1].startswith("model.layers."):
+            renamed[node.input[1]] = f"onnx::MatMul_{1000 + k}"
+            node.name = node.name.replace("/layers/", "/layers.").replace("/attn/",
+                                                                          "/self_attn/")
+            node.input[1] = renamed[node.input[1]]
+    for tensor in proto.graph.initializer:
+        tensor.name = renamed.get(tensor.name, tensor.name)
+    assert proto.graph.node[-1].name == "/lm_head/MatMul" and len(renamed) == 14
+    onnx.save_model(proto, tmp_path / "model.onnx")
+    other = load_language_model(tmp_path / "model.onnx")
+    assert [w.key for w in other.weights] == [w.key for w in model.weights]
+    assert other.weights[1].name.startswith("onnx::MatMul_")
+    assert other.weights[1].node == "/model/layers.0/self_attn/q_proj/MatMul"
+    assert (other.context, other.tokenizer) == (8192, None)  # from the metadata; no file
