@@ -51,19 +51,39 @@ def _greedy(session: Session, model: LanguageModel, ids: list[int], steps: int) 
     return ids
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--length", type=int, default=256)
-    parser.add_argument("--windows", type=int, default=32)
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args()
+def _build() -> tuple[LanguageModel, float, float]:
+    """The 30-layer model, and the seconds to build the 2- and the 30-layer one."""
     folder = Path(tempfile.mkdtemp(prefix="bench-llm-"))
     start = time.perf_counter()
     smollm.build_smollm(folder / "l2", 2)
     build2 = time.perf_counter() - start
     start = time.perf_counter()
     model = load_language_model(smollm.build_smollm(folder / "l30", smollm.LAYERS))
-    build30 = time.perf_counter() - start
+    return model, build2, time.perf_counter() - start
+
+
+def _forward(scorer: Scorer, plain: Session, model: LanguageModel, windows: np.ndarray
+             ) -> dict[str, float]:
+    """Seconds of forward passes over ``windows``, fed weights and plain, window by window in
+    turn so both see the same machine state."""
+    forward = {"fed": 0.0, "plain": 0.0}
+    for row in windows:
+        start = time.perf_counter()
+        scorer.logits(None, row[None])
+        middle = time.perf_counter()
+        plain.run(model.feeds(row[None]), [model.logits])
+        forward["fed"] += middle - start
+        forward["plain"] += time.perf_counter() - middle
+    return forward
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--length", type=int, default=256)
+    parser.add_argument("--windows", type=int, default=32)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    model, build2, build30 = _build()
     assert model.tokenizer is not None
     tokenizer = load_tokenizer(model.tokenizer)
     wiki = smollm.find_wiki()
@@ -77,14 +97,7 @@ def main() -> None:
     again = scorer.score(None, windows.heldout)
     fed = time.perf_counter() - start
     plain = create_session(model.path)
-    forward = {"fed": 0.0, "plain": 0.0}
-    for row in windows.heldout:  # interleaved, so both see the same machine state
-        start = time.perf_counter()
-        scorer.logits(None, row[None])
-        middle = time.perf_counter()
-        plain.run(model.feeds(row[None]), [model.logits])
-        forward["fed"] += middle - start
-        forward["plain"] += time.perf_counter() - middle
+    forward = _forward(scorer, plain, model, windows.heldout)
     ids = _greedy(plain, model, tokenizer.encode(PROMPT).ids, 8)
     text = tokenizer.decode(ids)
     ppl, n = fp32.perplexity, len(windows.heldout)
