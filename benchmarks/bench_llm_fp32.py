@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import resource
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -123,6 +124,7 @@ def main() -> None:
         f"| peak RSS | {rss:.0f} MB |",
     ]
     publish("bench_llm_fp32", "\n".join(rows) + "\n", not args.no_write)
+    shutil.rmtree(model.path.parent.parent)  # the built models, hundreds of MB
 
 
 if __name__ == "__main__":
