@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from mpsearch._names import Namer
 from mpsearch.errors import MpsearchError, TargetError
 from mpsearch.runtime import Session, create_plugin_session, ort_version
 from mpsearch.targets._base import ACCELERATOR, CPU, Compiled, Placement
@@ -205,6 +206,7 @@ def fuse_gelu(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         return model, 0
     dropped = {name for g in gelus for name in (*g.nodes, *g.skipped)}
     first = {g.nodes[0]: g for g in gelus}
+    namer = Namer.of_model(model)
     fused = onnx.ModelProto()
     fused.CopyFrom(model)
     del fused.graph.node[:]
@@ -212,7 +214,7 @@ def fuse_gelu(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         gelu = first.get(node.name)
         if gelu is not None:
             fused.graph.node.append(onnx.helper.make_node(
-                "Gelu", [gelu.x], [gelu.output], name=f"{node.name}/gelu",
+                "Gelu", [gelu.x], [gelu.output], name=namer.fresh(f"{node.name}/gelu"),
                 domain="com.microsoft"))
         elif node.name not in dropped:
             fused.graph.node.append(node)
