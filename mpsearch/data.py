@@ -294,8 +294,7 @@ def _format_shape(shape: tuple[Any, ...] | None) -> str:
 def check_signature(dataset: Dataset, graph: ModelGraph) -> None:
     """Raise :class:`DataError` unless every model input has an array of the right dtype, rank
     and fixed dimensions (the first, sample, axis is batched and not checked), and
-    :class:`ModelError` for a model input without a shape or a quantizable node's empty
-    weight: what no run of the model can get past."""
+    :class:`ModelError` for a quantizable node's empty weight, which no build can quantize."""
     _check_model(graph)
     provided = dict(dataset.inputs)
     for info in graph.inputs:
@@ -326,11 +325,6 @@ def check_signature(dataset: Dataset, graph: ModelGraph) -> None:
 
 def _check_model(graph: ModelGraph) -> None:
     label = graph.path or graph.name
-    for info in graph.inputs:
-        if info.shape is None:
-            raise ModelError(f"{label}: input '{info.name}' has no shape (onnx.checker requires "
-                             "one); re-export the model with input shapes, or set them with "
-                             "onnx.tools.update_model_dims.update_inputs_outputs_dims")
     for node in graph.quantizable_nodes():
         stored = (*node.weights, *([node.bias] if node.bias else []), *node.activation_inputs)
         for name in stored:
