@@ -21,6 +21,7 @@ from mpsearch.data import Dataset
 from mpsearch.graph import ModelGraph, load_model
 from mpsearch.profiles import load_profile
 from mpsearch.quantize import Quantizer
+from mpsearch.recovery import equalize
 from mpsearch.runtime import create_session
 
 PROFILE = "x86_ort"
@@ -176,3 +177,60 @@ def test_a_subgraph_name_is_taken_too() -> None:
     child = namer.child()
     assert child.fresh("t1__raw") == "t1__raw_4" and not namer.taken("t1__raw_4")
     assert namer.fresh("t1__raw", avoid=child) == "t1__raw_5"
+
+
+def _cle_chain(n: dict[str, str]) -> onnx.ModelProto:
+    """x -> Conv c1 -> Relu -> depthwise Conv dw -> Clip(0, 6) -> Conv c3 -> y, its tensors
+    and the Relu and Clip nodes named by ``n``, channel ranges three decades apart."""
+    rng = np.random.default_rng(0)
+    spread = np.array([0.01, 0.1, 1.0, 10.0], np.float32)[:, None, None, None]
+    arrays = {"c1.w": rng.normal(size=(4, 3, 3, 3)).astype(np.float32) * spread,
+              "c1.b": rng.normal(size=4).astype(np.float32) * spread.reshape(-1),
+              "dw.w": rng.normal(size=(4, 1, 3, 3)).astype(np.float32) / spread,
+              "dw.b": rng.normal(size=4).astype(np.float32),
+              "c3.w": rng.normal(size=(2, 4, 1, 1)).astype(np.float32),
+              "c3.b": rng.normal(size=2).astype(np.float32),
+              n["lo"]: np.array(0.0, np.float32), n["hi"]: np.array(6.0, np.float32)}
+
+    def conv(name: str, x: str, y: str, **attrs: object) -> onnx.NodeProto:
+        return helper.make_node("Conv", [x, f"{name}.w", f"{name}.b"], [y], name=name, **attrs)
+
+    nodes = [conv("c1", "x", n["a"], pads=[1] * 4),
+             helper.make_node("Relu", [n["a"]], [n["r"]], name=n["relu"]),
+             conv("dw", n["r"], n["d"], pads=[1] * 4, group=4),
+             helper.make_node("Clip", [n["d"], n["lo"], n["hi"]], [n["k"]], name=n["clip"]),
+             conv("c3", n["k"], "y")]
+    model = helper.make_model(helper.make_graph(
+        nodes, "cle", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 8, 8])],
+        [numpy_helper.from_array(v, k) for k, v in arrays.items()]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_equalization_names_are_fresh() -> None:
+    """CLE's exact clip policy adds ``<clip>__cle_lo/hi/max/min`` and ``<output>__cle``: a
+    model already using those names equalizes and quantizes to the plain-named model's very
+    outputs, and equalization keeps its FP32 outputs."""
+    plain = {k: k for k in ("a", "r", "d", "k", "lo", "hi", "relu", "clip")}
+    hostile = {"a": "clip__cle_lo", "r": "k__cle", "d": "clip__cle_min", "k": "k",
+               "lo": "clip__cle_max", "hi": "clip__cle_hi", "relu": "clip__cle_min",
+               "clip": "clip"}
+    x = np.random.default_rng(1).standard_normal((8, 3, 8, 8)).astype(np.float32)
+    profile = load_profile(PROFILE)
+    outputs = []
+    for names in (hostile, plain):
+        graph = load_model(_cle_chain(names))
+        out = equalize(graph, clip="exact")
+        assert sorted(n.op_type for n in out.nodes.values()).count("Min") == 1
+        onnx.checker.check_model(out.model, full_check=True)
+        reference = create_session(graph.model, optimize=False).run({"x": x})["y"]
+        equalized = create_session(out.model, optimize=False).run({"x": x})["y"]
+        np.testing.assert_allclose(equalized, reference, rtol=1e-5,
+                                   atol=1e-5 * float(np.abs(reference).max()))
+        table = calibrate(out, Dataset(inputs={"x": x}, labels=None, source="random"))
+        built = Quantizer(out, table, profile).build(uniform_assignment(out, profile, "int8"))
+        onnx.checker.check_model(built, full_check=True)
+        outputs.append(create_session(built, optimize=False, threads=1).run({"x": x})["y"])
+    np.testing.assert_array_equal(outputs[0], outputs[1])
