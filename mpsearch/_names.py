@@ -25,16 +25,26 @@ class Namer:
     names only that build's model holds.
     """
 
-    __slots__ = ("_parent", "_taken")
+    __slots__ = ("_model", "_parent", "_taken")
 
     def __init__(self, taken: Iterable[str] = (), *, parent: Namer | None = None) -> None:
         self._taken: set[str] = set(taken)
         self._parent = parent
+        self._model: onnx.ModelProto | onnx.GraphProto | None = None
 
     @classmethod
     def of_model(cls, model: onnx.ModelProto | onnx.GraphProto) -> Namer:
-        """A namer holding every name of ``model`` (subgraphs included)."""
-        return cls(model_names(model))
+        """A namer holding every name of ``model`` (subgraphs included), read when first
+        asked: a pass that names nothing new never walks a large model."""
+        namer = cls()
+        namer._model = model
+        return namer
+
+    def _names(self) -> set[str]:
+        if self._model is not None:
+            self._taken |= model_names(self._model)
+            self._model = None
+        return self._taken
 
     def child(self) -> Namer:
         """A namer that sees this one's names (now and later) and adds its own apart."""
@@ -42,11 +52,11 @@ class Namer:
 
     def taken(self, name: str) -> bool:
         """Whether ``name`` is used here or in a parent."""
-        return name in self._taken or (self._parent is not None and self._parent.taken(name))
+        return name in self._names() or (self._parent is not None and self._parent.taken(name))
 
     def reserve(self, name: str) -> None:
         """Mark ``name`` as used (a name kept from the source model, say)."""
-        self._taken.add(name)
+        self._names().add(name)
 
     def fresh(self, want: str, suffixes: Sequence[str] = ("",), *,
               avoid: Namer | None = None) -> str:
@@ -58,7 +68,7 @@ class Namer:
                   for s in suffixes):
             n += 1
             stem = f"{want}_{n}"
-        self._taken.update(stem + s for s in suffixes)
+        self._names().update(stem + s for s in suffixes)
         return stem
 
 
