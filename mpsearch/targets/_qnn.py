@@ -29,6 +29,7 @@ from onnx import numpy_helper
 
 from mpsearch._names import Namer
 from mpsearch.errors import MpsearchError, TargetError
+from mpsearch.profiles import toolchain_setting_problem
 from mpsearch.runtime import Session, create_plugin_session, ort_version
 from mpsearch.targets._base import ACCELERATOR, CPU, Compiled, Placement
 from mpsearch.targets._gelu import find_gelu
@@ -99,6 +100,9 @@ class QnnToolchain:
         unknown = sorted(set(settings) - set(SETTINGS))
         if unknown:
             raise TargetError(f"qnn: unknown setting(s) {unknown}; known: {list(SETTINGS)}")
+        problem = toolchain_setting_problem("qnn", settings)
+        if problem is not None:  # another chip's numbers, or none at all
+            raise TargetError(f"qnn: {problem}")
         # the graph input's Q and output's DQ on the HTP too (the EP's default leaves them on
         # the CPU): "fully on the accelerator" then means every node
         options = {"backend_type": "htp", "offload_graph_io_quantization": "0"}

@@ -158,6 +158,11 @@ def test_bad_chip_is_refused_in_python() -> None:
     with pytest.raises(ProfileError, match="toolchain.soc_model must be one of"):
         ToolchainRef(name="qnn", settings={"soc_model": -5})
     assert ToolchainRef(name="qnn", settings={"htp_arch": 75, "soc_model": 57}).settings
+    from mpsearch.targets._qnn import QnnToolchain
+
+    with pytest.raises(TargetError, match="qnn: toolchain.soc_model must be one of"):
+        QnnToolchain.provider_options({"soc_model": -5})
+    assert QnnToolchain.provider_options({"htp_arch": 73})["soc_model"] == "43"
 
 
 def test_a_failed_vela_compile_leaves_no_file(tmp_path: Path) -> None:
