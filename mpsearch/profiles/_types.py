@@ -68,11 +68,12 @@ TOOLCHAIN_SETTINGS: Mapping[str, tuple[str, ...]] = {
 }
 #: QNN HTP architectures (``htp_arch``) and SoCs (``soc_model``: QNN's number -> (name, its
 #: HTP architecture)), as Qualcomm's QNN SDK numbers them (ExecuTorch's Qualcomm backend,
-#: backends/qualcomm/serialization/qc_schema.py). A number outside them makes the emulator
-#: model another chip, or none.
+#: backends/qualcomm/serialization/qc_schema.py); 0 is QNN's unknown SoC, the EP's default.
+#: A number outside them makes the emulator model another chip, or none.
 QNN_HTP_ARCHS = (68, 69, 73, 75, 79, 81)
-QNN_SOC_MODELS: Mapping[int, tuple[str, int]] = MappingProxyType({
-    30: ("SM8350", 68), 36: ("SM8450", 69), 39: ("SA8295", 68), 42: ("SM8475", 69),
+QNN_SOC_MODELS: Mapping[int, tuple[str, int | None]] = MappingProxyType({
+    0: ("unknown SoC", None), 30: ("SM8350", 68), 36: ("SM8450", 69), 39: ("SA8295", 68),
+    42: ("SM8475", 69),
     43: ("SM8550", 73), 45: ("SXR1230P", 73), 46: ("SSG2115P", 73), 52: ("SA8255", 73),
     53: ("SXR2230P", 69), 57: ("SM8650", 75), 58: ("SSG2125P", 73), 62: ("SA8540", 68),
     69: ("SM8750", 79), 72: ("SA8797", 81), 75: ("SXR2330P", 79), 77: ("QCS9100", 73),
@@ -107,8 +108,8 @@ def toolchain_setting_problem(toolchain: str, settings: Mapping[str, object]) ->
             return (f"toolchain.{key} must be one of {', '.join(map(str, choices))}, got "
                     f"{value!r}")
         numbers[key] = number
-    if len(numbers) == 2 and QNN_SOC_MODELS[numbers["soc_model"]][1] != numbers["htp_arch"]:
-        name, arch = QNN_SOC_MODELS[numbers["soc_model"]]
+    name, arch = QNN_SOC_MODELS.get(numbers.get("soc_model", 0), ("", None))
+    if "htp_arch" in numbers and arch is not None and arch != numbers["htp_arch"]:
         return (f"toolchain.soc_model {numbers['soc_model']} ({name}) has HTP v{arch}, not "
                 f"htp_arch {numbers['htp_arch']}; give one of them, or both of one chip")
     return None

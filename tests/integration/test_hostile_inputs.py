@@ -110,7 +110,7 @@ def test_profiles_check_ops_named_3000_times_probe_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("setting", "message"), [
-    ("htp_arch: 73, soc_model: -5", "toolchain.soc_model must be one of 30, 36,"),
+    ("htp_arch: 73, soc_model: -5", "toolchain.soc_model must be one of 0, 30, 36,"),
     ("htp_arch: 99", "toolchain.htp_arch must be one of 68, 69, 73, 75, 79, 81, got 99"),
     ("htp_arch: 73, soc_model: 57", "toolchain.soc_model 57 (SM8650) has HTP v75, not "
                                     "htp_arch 73"),
