@@ -39,6 +39,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from mpsearch._names import Namer
 from mpsearch.errors import ModelError
 
 __all__ = [
@@ -64,9 +65,10 @@ _NOT_FOLDED = frozenset({
 
 def name_nodes(model: onnx.ModelProto, changes: list[str]) -> None:
     """Give every node a unique name: the first holder of a name keeps it, unnamed nodes and
-    later holders get ``<op>_<index>`` (suffixed until unique)."""
+    later holders get ``<op>_<index>`` (suffixed until no name in the model has it)."""
     nodes = model.graph.node
     taken: set[str] = set()
+    namer = Namer.of_model(model)
     keeps = [False] * len(nodes)
     for index, node in enumerate(nodes):
         if node.name and node.name not in taken:
@@ -76,12 +78,7 @@ def name_nodes(model: onnx.ModelProto, changes: list[str]) -> None:
     for index, node in enumerate(nodes):
         if keeps[index]:
             continue
-        base = f"{node.op_type}_{index}"
-        name, k = base, 1
-        while name in taken:
-            name, k = f"{base}_{k}", k + 1
-        node.name = name
-        taken.add(name)
+        node.name = namer.fresh(f"{node.op_type}_{index}")
         renamed += 1
     if renamed:
         changes.append(f"named {renamed} unnamed or duplicate nodes")
@@ -267,6 +264,7 @@ def fold_batch_norms(model: onnx.ModelProto, changes: list[str]) -> None:
     graph_outputs = {o.name for o in graph.output}
     removed: set[int] = set()
     gone: set[str] = set()
+    namer = Namer.of_model(model)
     for bn in graph.node:
         conv = producers.get(bn.input[0]) if bn.input else None
         if conv is None or bn.input[0] in graph_outputs or reads.get(bn.input[0]) != 1:
@@ -276,7 +274,8 @@ def fold_batch_norms(model: onnx.ModelProto, changes: list[str]) -> None:
             continue
         for position, array, role in ((1, folded[0], "weight"), (2, folded[1], "bias")):
             old = conv.input[position] if len(conv.input) > position else ""
-            name = old if old and reads.get(old) == 1 else f"{conv.name}__bn_{role}"
+            name = (old if old and reads.get(old) == 1
+                    else namer.fresh(f"{conv.name}__bn_{role}"))
             initializers[name] = numpy_helper.from_array(array, name)
             if len(conv.input) <= position:
                 conv.input.append(name)

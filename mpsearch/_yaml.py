@@ -13,6 +13,7 @@ to raise (a :class:`~mpsearch.errors.MpsearchError` subclass).
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -323,6 +324,9 @@ class Section:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             extra = ", null or unknown" if unknown else ""
             self.fail(key, f"{self.path(key)} must be a number{extra}, got {_describe(value)}")
+        if not math.isfinite(value):
+            self.fail(key, f"{self.path(key)} must be a finite number, got {value!r}; write a "
+                      "plain number")
         if positive and not value > 0:
             self.fail(key, f"{self.path(key)} must be greater than 0, got {value!r}")
         self._check_min(key, value, minimum)

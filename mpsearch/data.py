@@ -27,7 +27,7 @@ import numpy as np
 
 from mpsearch._data_images import IMAGE_SUFFIXES, ImageOptions, read_image_zip, read_images
 from mpsearch._data_limits import CORRUPT, LIMITS, Budget, Limits, first_line, npy_bytes, read_npz
-from mpsearch.errors import DataError
+from mpsearch.errors import DataError, ModelError
 
 if TYPE_CHECKING:
     from mpsearch.graph import ModelGraph
@@ -293,7 +293,9 @@ def _format_shape(shape: tuple[Any, ...] | None) -> str:
 
 def check_signature(dataset: Dataset, graph: ModelGraph) -> None:
     """Raise :class:`DataError` unless every model input has an array of the right dtype, rank
-    and fixed dimensions (the first, sample, axis is batched and not checked)."""
+    and fixed dimensions (the first, sample, axis is batched and not checked), and
+    :class:`ModelError` for a quantizable node's empty weight, which no build can quantize."""
+    _check_model(graph)
     provided = dict(dataset.inputs)
     for info in graph.inputs:
         if info.name not in provided:
@@ -319,6 +321,18 @@ def check_signature(dataset: Dataset, graph: ModelGraph) -> None:
     if provided:
         logger.warning("%s: ignoring array(s) %s that are not model inputs", dataset.source,
                        sorted(provided))
+
+
+def _check_model(graph: ModelGraph) -> None:
+    label = graph.path or graph.name
+    for node in graph.quantizable_nodes():
+        stored = (*node.weights, *([node.bias] if node.bias else []), *node.activation_inputs)
+        for name in stored:
+            array = graph.initializers.get(name)
+            if array is not None and array.size == 0:
+                raise ModelError(f"{label}: initializer '{name}' of {node.op_type} node "
+                                 f"'{node.name}' holds no values (shape {list(array.shape)}); "
+                                 "remove the node or re-export the model with its weights")
 
 
 def check_finite(feeds: Mapping[str, np.ndarray], *, source: str, batch: int,

@@ -212,6 +212,7 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> ModelGraph:
     _check_initializers(model.graph, label)
     _check_single_assignment(model.graph, label)
     _check_loops(model.graph, label)
+    _check_input_shapes(model.graph, label)
     changes: list[str] = []
     model = _upgrade_opset(model, label, changes)
     _normalize.name_nodes(model, changes)
@@ -288,6 +289,18 @@ def _check_initializers(graph: onnx.GraphProto, label: str) -> None:
                                      f"{len(tensor.raw_data)} bytes but its dims "
                                      f"{list(tensor.dims)} need {need}; the file is truncated "
                                      "or malformed, re-export the model")
+
+
+def _check_input_shapes(graph: onnx.GraphProto, label: str) -> None:
+    """Every graph input that is not an initializer has a shape (onnx.checker requires one;
+    without it no QDQ model of this graph passes the checker)."""
+    constants = {t.name for t in graph.initializer}
+    for value in graph.input:
+        if value.name not in constants and value.type.HasField("tensor_type") \
+                and not value.type.tensor_type.HasField("shape"):
+            raise ModelError(f"{label}: input '{value.name}' has no shape (onnx.checker "
+                             "requires one); re-export the model with input shapes, or set "
+                             "them with onnx.tools.update_model_dims.update_inputs_outputs_dims")
 
 
 def _check_single_assignment(graph: onnx.GraphProto, label: str) -> None:

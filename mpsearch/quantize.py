@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from mpsearch._names import Namer
 from mpsearch.assignment import (
     GRID_PRESERVING,
     ActivationSpec,
@@ -147,7 +148,10 @@ class Quantizer:
         self.method = method
         self._weights: dict[tuple[object, ...], _Stored] = {}
         self._constants: dict[tuple[str, ActivationSpec], _Stored] = {}
-        self._weight_names: set[str] = set()
+        #: Every name of the model and of the stored tensors made so far; a build's own names
+        #: live in a child (:attr:`_build_names` while it runs), so none is ever used twice.
+        self._names = Namer.of_model(graph.model)
+        self._build_names: Namer | None = None
         self._ranges: dict[tuple[str, int, bool], tuple[float, float]] = {}
         self._ms_16bit = graph.opset < 21
         #: Tensors whose name must survive a build: graph outputs and outer-scope names read
@@ -200,7 +204,7 @@ class Quantizer:
             name = f"{weight}__{_CODE[fmt.dtype]}{'' if axis is None else f'c{axis}'}"
             if min_scale is not None:
                 name = f"{name}__{node.name}"
-            stored = self._dequantized(self._unique(name), codes, scale, zero, axis, fmt.dtype)
+            stored = self._dequantized(name, codes, scale, zero, axis, fmt.dtype)
         self._weights[key] = stored
         return stored
 
@@ -211,15 +215,14 @@ class Quantizer:
         same grid (:class:`~mpsearch.recovery.CorrectedQuantizer`)."""
         return _quantize_array(array, scale, zero, fmt.dtype, axis)
 
-    def _unique(self, name: str) -> str:
-        """``name``, or ``name_2``, ``name_3``... when another stored tensor has it (two formats
-        with the same weight dtype and axis but other grid settings)."""
-        unique, n = name, 1
-        while unique in self._weight_names:
-            n += 1
-            unique = f"{name}_{n}"
-        self._weight_names.add(unique)
-        return unique
+    def _fresh(self, want: str, suffixes: tuple[str, ...], *, cached: bool = True) -> str:
+        """A stem for a stored tensor's names: ``want``, or ``want_2``, ``want_3``... when the
+        model, another stored tensor (two formats with the same weight dtype and axis but other
+        grid settings) or the running build has one of stem + ``suffixes``. A tensor made anew
+        by each build (not ``cached``, a bias) takes its names in the build's namer."""
+        if not cached and self._build_names is not None:
+            return self._build_names.fresh(want, suffixes)
+        return self._names.fresh(want, suffixes, avoid=self._build_names)
 
     def _constant(self, tensor: str, spec: ActivationSpec) -> _Stored:
         key = (tensor, spec)
@@ -266,12 +269,14 @@ class Quantizer:
         # one reader (the usual case): the bias's name is enough; a shared bias gets one
         # copy per node, each on its node's input x weight scale
         owner = "" if len(self.graph.consumers(bias)) == 1 else f"__{node.name}"
-        return self._dequantized(f"{bias}{owner}__i32", codes, scale, zero, axis, "int32")
+        return self._dequantized(f"{bias}{owner}__i32", codes, scale, zero, axis, "int32",
+                                 cached=False)
 
     def _dequantized(
         self, name: str, codes: np.ndarray, scale: np.ndarray, zero: np.ndarray,
-        axis: int | None, dtype: str,
+        axis: int | None, dtype: str, *, cached: bool = True,
     ) -> _Stored:
+        name = self._fresh(name, ("_q", "_scale", "_zero", "_dq", "_DQ"), cached=cached)
         inits = (numpy_helper.from_array(codes, f"{name}_q"),
                  numpy_helper.from_array(np.asarray(scale, np.float32), f"{name}_scale"),
                  numpy_helper.from_array(np.asarray(zero), f"{name}_zero"))
@@ -281,10 +286,11 @@ class Quantizer:
         return _Stored(f"{name}_dq", inits, node, np.asarray(scale, np.float32))
 
     def _cast_stored(self, name: str, array: np.ndarray, dtype: str) -> _Stored:
-        half = numpy_helper.from_array(array.astype(np.float16), f"{name}__f16")
-        node = helper.make_node("Cast", [half.name], [f"{name}__f16_f32"],
-                                name=f"{name}__f16_Cast", to=TensorProto.FLOAT)
-        return _Stored(f"{name}__f16_f32", (half,), node, np.ones(1, np.float32))
+        stem = self._fresh(f"{name}__f16", ("", "_f32", "_Cast"))
+        half = numpy_helper.from_array(array.astype(np.float16), stem)
+        node = helper.make_node("Cast", [half.name], [f"{stem}_f32"],
+                                name=f"{stem}_Cast", to=TensorProto.FLOAT)
+        return _Stored(f"{stem}_f32", (half,), node, np.ones(1, np.float32))
 
     # -- the build ------------------------------------------------------------------------
     def build(self, assignment: Mapping[str, str], *,
@@ -296,7 +302,12 @@ class Quantizer:
         :attr:`mpsearch.runtime.SharedWeights.stand_ins`), so a configuration that leaves
         most weights float does not copy them; the model then loads only with that file."""
         plans = plan_nodes(self.graph, self.profile, assignment)
-        return _Build(self, plans).model(stand_ins or {})
+        build = _Build(self, plans)
+        self._build_names = build.names
+        try:
+            return build.model(stand_ins or {})
+        finally:
+            self._build_names = None
 
 
 class _Build:
@@ -313,6 +324,7 @@ class _Build:
         self.aliases: dict[str, str] = {}  # a dropped clamping op's output -> its input's DQ
         self.tags: dict[str, list[str]] = {}  # tensor -> the tags of its Q/DQ pairs so far
         self.uses_ms = False
+        self.names = quantizer._names.child()  # this build's names, apart from the cached ones
 
     def model(self, stand_ins: Mapping[str, TensorProto]) -> onnx.ModelProto:
         graph = self.q.graph
@@ -411,18 +423,18 @@ class _Build:
         is ``dq``'s own output: ``direct``); appends the nodes to ``out``, returns the name
         read."""
         params = []
+        read = self.names.fresh(f"{tensor}_a{axis}", ("", "_scale", "_zero", "_DQ") + (
+            () if direct else ("_q", "_Q")))  # one per (tensor, axis): sizes may differ
         for source, part in zip(dq.input[1:3], ("scale", "zero"), strict=False):
-            name = f"{tensor}_a{axis}_{part}"  # one per (tensor, axis): sizes may differ
+            name = f"{read}_{part}"
             value = numpy_helper.to_array(self.inits[source]).reshape(-1)[0]
             self.inits[name] = numpy_helper.from_array(np.full(size, value), name)
             params.append(name)
         codes = dq.input[0]
         if not direct:
-            codes = f"{tensor}_a{axis}_q"
+            codes = f"{read}_q"
             out.append(helper.make_node("QuantizeLinear", [tensor, *params], [codes],
-                                        name=f"{tensor}_a{axis}_Q", axis=axis,
-                                        domain=dq.domain))
-        read = f"{tensor}_a{axis}"
+                                        name=f"{read}_Q", axis=axis, domain=dq.domain))
         out.append(helper.make_node("DequantizeLinear", [codes, *params], [read],
                                     name=f"{read}_DQ", axis=axis, domain=dq.domain))
         return read
@@ -443,30 +455,30 @@ class _Build:
         key = (tensor, spec)
         if key in self.qdq:
             return self.qdq[key]
-        tag = self._tag(tensor, spec)
-        out = tensor if source is not None else f"{tensor}__{tag}"
+        is_float = spec.dtype.startswith("float")
+        stem = self.names.fresh(f"{tensor}__{self._tag(tensor, spec)}", (
+            () if source is not None else ("",)) + (
+            ("_h", "_Cast16", "_Cast32") if is_float else ("_scale", "_zero", "_q", "_Q", "_DQ")))
+        out = tensor if source is not None else stem
         src = source or tensor
-        if spec.dtype.startswith("float"):
-            self.nodes.append(helper.make_node("Cast", [src], [f"{tensor}__{tag}_h"],
-                                               name=f"{tensor}__{tag}_Cast16",
-                                               to=TensorProto.FLOAT16))
-            self.nodes.append(helper.make_node("Cast", [f"{tensor}__{tag}_h"], [out],
-                                               name=f"{tensor}__{tag}_Cast32",
-                                               to=TensorProto.FLOAT))
+        if is_float:
+            self.nodes.append(helper.make_node("Cast", [src], [f"{stem}_h"],
+                                               name=f"{stem}_Cast16", to=TensorProto.FLOAT16))
+            self.nodes.append(helper.make_node("Cast", [f"{stem}_h"], [out],
+                                               name=f"{stem}_Cast32", to=TensorProto.FLOAT))
         else:
             scale, zero = self.q.activation_qparams(tensor, spec)
-            names = (f"{tensor}__{tag}_scale", f"{tensor}__{tag}_zero")
+            names = (f"{stem}_scale", f"{stem}_zero")
             self.inits[names[0]] = numpy_helper.from_array(np.array(scale, np.float32), names[0])
             self.inits[names[1]] = numpy_helper.from_array(
                 np.array(zero, dtype=_NP[spec.dtype]), names[1])
             domain = self.q._domain(spec.dtype)
             self.uses_ms |= domain == _MS_DOMAIN
             self.nodes.append(helper.make_node(
-                "QuantizeLinear", [src, *names], [f"{tensor}__{tag}_q"],
-                name=f"{tensor}__{tag}_Q", domain=domain))
+                "QuantizeLinear", [src, *names], [f"{stem}_q"], name=f"{stem}_Q", domain=domain))
             self.nodes.append(helper.make_node(
-                "DequantizeLinear", [f"{tensor}__{tag}_q", *names], [out],
-                name=f"{tensor}__{tag}_DQ", domain=domain))
+                "DequantizeLinear", [f"{stem}_q", *names], [out], name=f"{stem}_DQ",
+                domain=domain))
         self.qdq[key] = out
         return out
 
@@ -477,8 +489,9 @@ class _Build:
         if plan.clamped_by_q:  # the input's Q already clamps: readers take the DQ instead
             (tensor, spec), output = plan.inputs[0], proto.output[0]
             if output in self.q._pinned:
-                self.nodes.append(helper.make_node("Identity", [replace[tensor]], [output],
-                                                   name=f"{proto.name}__clamped_by_q"))
+                self.nodes.append(helper.make_node(
+                    "Identity", [replace[tensor]], [output],
+                    name=self.names.fresh(f"{proto.name}__clamped_by_q")))
             else:
                 self.aliases[output] = replace[tensor]
             self.carries[output] = spec
@@ -496,7 +509,7 @@ class _Build:
             replace[weight] = self._emit_stored(weight_store)
         if bias is not None and weight_store is not None:
             replace[bias] = self._emit_stored(self.q._bias(plan.node, bias, scale, weight_store))
-        raw = {t: f"{t}__raw" for t, _ in plan.outputs}
+        raw = {t: self.names.fresh(f"{t}__raw") for t, _ in plan.outputs}
         node = onnx.NodeProto()
         node.CopyFrom(proto)
         node.input[:] = [replace.get(t, t) for t in proto.input]

@@ -200,6 +200,15 @@ class Constraints:
     def __post_init__(self) -> None:
         _check_ints("constraints", {"max_size_bytes": self.max_size_bytes},
                     optional=("max_size_bytes",))
+        for name, value in (("min_metric", self.min_metric),
+                            ("max_metric_drop", self.max_metric_drop)):
+            if value is not None and (isinstance(value, bool) or not isinstance(
+                    value, (int, float)) or not math.isfinite(value)):
+                raise SpecError(f"constraints.{name} must be a finite number, got {value!r}; "
+                                "fix the value")
+        if self.max_metric_drop is not None and self.max_metric_drop < 0:
+            raise SpecError(f"constraints.max_metric_drop must be >= 0, got "
+                            f"{self.max_metric_drop!r}; fix the value")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

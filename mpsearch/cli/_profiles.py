@@ -37,8 +37,8 @@ def add_profiles_parser(subparsers: Any) -> None:
     check = commands.add_parser("check", help="run the profile's toolchain over op x format "
                                 "probes and report where it disagrees with the profile")
     check.add_argument("profile", metavar="NAME_OR_PATH", help="shipped name or YAML file")
-    check.add_argument("--ops", help="comma-separated op types (default: every listed op "
-                       "that has a probe, and Erf)")
+    check.add_argument("--ops", action="append", help="comma-separated op types, repeatable "
+                       "(default: every listed op that has a probe, and Erf)")
     check.add_argument("--all", action="store_true", help="print every probe, not only "
                        "the disagreements")
     check.add_argument("--json", action="store_true", help="print the probes as JSON")
@@ -80,7 +80,8 @@ def _check(args: argparse.Namespace) -> int:
     """Exit 0 when the toolchain agrees with every probed claim, 1 when it does not."""
     from mpsearch.pipeline import check_profile_claims
 
-    ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
+    named = (o.strip() for text in args.ops or () for o in text.split(","))
+    ops = list(dict.fromkeys(o for o in named if o)) or None  # each op once, however often named
 
     def progress(what: str) -> None:
         if not args.json:

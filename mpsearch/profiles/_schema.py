@@ -32,6 +32,7 @@ from mpsearch.profiles._types import (
     OpRule,
     TensorFormat,
     ToolchainRef,
+    toolchain_setting_problem,
 )
 from mpsearch.profiles._weight_only import parse_weight_only
 
@@ -217,6 +218,9 @@ def _parse_toolchain(root: Section) -> ToolchainRef | None:
             if not isinstance(value, (str, int, float, bool)):
                 sec.fail(key, f"{sec.path(key)} must be a string or a number, got {value!r}")
             settings[key] = value
+            problem = toolchain_setting_problem(name, settings)
+            if problem is not None:
+                sec.fail(key, problem)
     return ToolchainRef(name=name, settings=settings)
 
 

@@ -67,6 +67,64 @@ TOOLCHAIN_SETTINGS: Mapping[str, tuple[str, ...]] = {
     "rknn": ("target_platform",),
     "vela": ("accelerator_config", "system_config", "memory_mode"),
 }
+#: QNN HTP architectures (``htp_arch``) and SoCs (``soc_model``: QNN's number -> (name, its
+#: HTP architecture)), as Qualcomm's QNN SDK numbers them (ExecuTorch's Qualcomm backend,
+#: backends/qualcomm/serialization/qc_schema.py); 0 is QNN's unknown SoC, the EP's default.
+#: A number outside them makes the emulator model another chip, or none.
+QNN_HTP_ARCHS = (68, 69, 73, 75, 79, 81)
+QNN_SOC_MODELS: Mapping[int, tuple[str, int | None]] = MappingProxyType({
+    0: ("unknown SoC", None), 30: ("SM8350", 68), 36: ("SM8450", 69), 39: ("SA8295", 68),
+    42: ("SM8475", 69),
+    43: ("SM8550", 73), 45: ("SXR1230P", 73), 46: ("SSG2115P", 73), 52: ("SA8255", 73),
+    53: ("SXR2230P", 69), 57: ("SM8650", 75), 58: ("SSG2125P", 73), 62: ("SA8540", 68),
+    69: ("SM8750", 79), 72: ("SA8797", 81), 75: ("SXR2330P", 79), 77: ("QCS9100", 73),
+    87: ("SM8850", 81), 93: ("QCM6490", 68), 95: ("SAR2230P", 81), 96: ("SW6100", 81),
+    97: ("SM8845", 81)})
+#: Vela's ``--accelerator-config`` values (ethos-u-vela 5.2.0).
+VELA_ACCELERATORS = ("ethos-u55-32", "ethos-u55-64", "ethos-u55-128", "ethos-u55-256",
+                     "ethos-u65-256", "ethos-u65-512", "ethos-u85-128", "ethos-u85-256",
+                     "ethos-u85-512", "ethos-u85-1024", "ethos-u85-2048")
+
+
+def toolchain_setting_problem(toolchain: str, settings: Mapping[str, object]) -> str | None:
+    """Why ``settings`` of ``toolchain`` name a chip or configuration the toolchain does not
+    know (``toolchain.<key> ...``), else None: QNN's ``htp_arch`` and ``soc_model`` (and that
+    they agree), Vela's ``accelerator_config``."""
+    if toolchain == "vela":
+        value = settings.get("accelerator_config")
+        if value is not None and value not in VELA_ACCELERATORS:
+            return (f"toolchain.accelerator_config must be one of {', '.join(VELA_ACCELERATORS)}"
+                    f", got {value!r}")
+        return None
+    if toolchain != "qnn":
+        return None
+    known = {"htp_arch": QNN_HTP_ARCHS, "soc_model": tuple(QNN_SOC_MODELS)}
+    numbers: dict[str, int] = {}
+    for key, choices in known.items():
+        value = settings.get(key)
+        if value is None:
+            continue
+        number = _whole_number(value)
+        if number is None or number not in choices:
+            return (f"toolchain.{key} must be one of {', '.join(map(str, choices))}, got "
+                    f"{value!r}")
+        numbers[key] = number
+    name, arch = QNN_SOC_MODELS.get(numbers.get("soc_model", 0), ("", None))
+    if "htp_arch" in numbers and arch is not None and arch != numbers["htp_arch"]:
+        return (f"toolchain.soc_model {numbers['soc_model']} ({name}) has HTP v{arch}, not "
+                f"htp_arch {numbers['htp_arch']}; give one of them, or both of one chip")
+    return None
+
+
+def _whole_number(value: object) -> int | None:
+    """``value`` as an int when it is one (or a string of digits), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
 
 _INT_DTYPES = ("int8", "uint8", "int16", "uint16")
 _BITS = {"int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "float16": 16, "float32": 32}
@@ -269,6 +327,9 @@ class ToolchainRef:
         if unknown:
             raise ProfileError(f"toolchain {self.name}: unknown setting(s) {unknown}; known: "
                                f"{', '.join(TOOLCHAIN_SETTINGS[self.name])}")
+        problem = toolchain_setting_problem(self.name, self.settings)
+        if problem is not None:
+            raise ProfileError(problem)
         object.__setattr__(self, "settings", _frozen_map(self.settings))
 
     def to_dict(self) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from mpsearch._names import Namer
 from mpsearch.data import Dataset
 from mpsearch.graph import ModelGraph, Node
 from mpsearch.recovery._activations import reduce_activations
@@ -191,6 +192,7 @@ def correct_biases(model: onnx.ModelProto, graph: ModelGraph, means: InputMeans
     for n in out.graph.node:
         for t in n.input:
             readers[t] = readers.get(t, 0) + 1
+    namer = Namer.of_model(out)
     fixed = 0
     for proto in out.graph.node:
         node, taps = graph.nodes.get(proto.name), means.taps.get(proto.name)
@@ -209,14 +211,14 @@ def correct_biases(model: onnx.ModelProto, graph: ModelGraph, means: InputMeans
         original = graph.initializers.get(node.inputs[2])
         if original is not None:
             fixed += _fold(out, proto, inits, producers, readers,
-                           original.astype(np.float64) - shift)
+                           original.astype(np.float64) - shift, namer)
     logger.debug("bias correction: %d biases corrected", fixed)
     return out
 
 
 def _fold(model: onnx.ModelProto, proto: onnx.NodeProto, inits: dict[str, onnx.TensorProto],
           producers: Mapping[str, onnx.NodeProto], readers: Mapping[str, int],
-          target: np.ndarray) -> int:
+          target: np.ndarray, namer: Namer) -> int:
     """Store ``target`` (the FP32 bias minus the shift) as ``proto``'s bias: rounded once on
     the int32 grid of its DequantizeLinear, or as a new float initializer."""
     bias = proto.input[2]
@@ -239,7 +241,7 @@ def _fold(model: onnx.ModelProto, proto: onnx.NodeProto, inits: dict[str, onnx.T
         if tuple(stored.dims) != target.shape:
             return 0
         dtype = onnx.helper.tensor_dtype_to_np_dtype(stored.data_type)
-        name = f"{bias}__bc_{proto.name}"
+        name = namer.fresh(f"{bias}__bc_{proto.name}")
         model.graph.initializer.append(numpy_helper.from_array(target.astype(dtype), name))
         proto.input[2] = name
         return 1

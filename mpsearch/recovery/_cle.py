@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from onnx import helper, numpy_helper
 
+from mpsearch._names import Namer
 from mpsearch.errors import ModelError
 from mpsearch.graph import ModelGraph, Node, load_model
 from mpsearch.recovery._rewrite import with_weights
@@ -208,6 +209,7 @@ def _rebuild(graph: ModelGraph, pairs: tuple[Pair, ...], arrays: Mapping[str, np
              thresholds: Mapping[str, np.ndarray], clip: str) -> ModelGraph:
     model = with_weights(graph, arrays)
     clips = {p.activation for p in pairs if p.clip_max is not None}
+    namer = Namer.of_model(model)
     nodes = []
     for proto in model.graph.node:
         if proto.name not in clips:
@@ -218,16 +220,18 @@ def _rebuild(graph: ModelGraph, pairs: tuple[Pair, ...], arrays: Mapping[str, np
                                           name=proto.name))
             continue
         limit = thresholds[proto.name].astype(np.float32)
-        low, high, per_channel = (f"{proto.name}__cle_{n}" for n in ("lo", "hi", "max"))
+        low, high, per_channel, minimum = (namer.fresh(f"{proto.name}__cle_{n}")
+                                           for n in ("lo", "hi", "max", "min"))
+        clipped = namer.fresh(f"{proto.output[0]}__cle")
         rank = len(graph.shapes.get(proto.output[0]) or (0, 0, 0, 0))
         model.graph.initializer.extend([
             numpy_helper.from_array(np.array(0.0, np.float32), low),
             numpy_helper.from_array(np.array(limit.max(), np.float32), high),
             numpy_helper.from_array(limit.reshape(-1, *([1] * max(rank - 2, 0))), per_channel)])
         nodes.append(helper.make_node("Clip", [proto.input[0], low, high],
-                                      [f"{proto.output[0]}__cle"], name=proto.name))
-        nodes.append(helper.make_node("Min", [nodes[-1].output[0], per_channel],
-                                      [proto.output[0]], name=f"{proto.name}__cle_min"))
+                                      [clipped], name=proto.name))
+        nodes.append(helper.make_node("Min", [clipped, per_channel],
+                                      [proto.output[0]], name=minimum))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     changed = load_model(model)

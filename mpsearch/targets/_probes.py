@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from mpsearch.assignment import make_assignment
 from mpsearch.calibration import calibrate
 from mpsearch.data import Dataset
-from mpsearch.errors import MpsearchError
+from mpsearch.errors import MpsearchError, ProfileError
 from mpsearch.graph import load_model
 from mpsearch.profiles import HardwareProfile, OpRule
 from mpsearch.quantize import Quantizer
@@ -166,9 +166,17 @@ def check_profile(profile: HardwareProfile, tool: Toolchain, *,
                   ops: Sequence[str] | None = None,
                   progress: Callable[[str], None] | None = None) -> tuple[ProbeResult, ...]:
     """Probe ``ops`` (default: every op the profile lists that has a probe, and Erf) at every
-    format of ``profile`` with ``tool`` (its settings from the profile)."""
+    format of ``profile`` with ``tool`` (its settings from the profile). ``ops`` is taken once
+    each; an op type without a probe is a :class:`ProfileError` listing those with one."""
     settings = {} if profile.toolchain is None else dict(profile.toolchain.settings)
-    names = list(ops) if ops is not None else [o for o in profile.op_rules if o in PROBES]
+    names = (list(dict.fromkeys(ops)) if ops is not None
+             else [o for o in profile.op_rules if o in PROBES])
+    unknown = [o for o in names if o not in PROBES]
+    if unknown:
+        shown = unknown[0] if len(unknown[0]) <= 60 else unknown[0][:60] + "..."
+        raise ProfileError(f"{profile.name}: no probe for op type '{shown}'"
+                           f"{f' (and {len(unknown) - 1} more)' if len(unknown) > 1 else ''}; "
+                           f"pick from {', '.join(sorted(PROBES))}")
     if ops is None and "Erf" not in names:
         names.append("Erf")
     results: list[ProbeResult] = []

@@ -27,7 +27,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from mpsearch._names import Namer
 from mpsearch.errors import MpsearchError, TargetError
+from mpsearch.profiles import toolchain_setting_problem
 from mpsearch.runtime import Session, create_plugin_session, ort_version
 from mpsearch.targets._base import ACCELERATOR, CPU, Compiled, Placement
 from mpsearch.targets._gelu import find_gelu
@@ -98,6 +100,9 @@ class QnnToolchain:
         unknown = sorted(set(settings) - set(SETTINGS))
         if unknown:
             raise TargetError(f"qnn: unknown setting(s) {unknown}; known: {list(SETTINGS)}")
+        problem = toolchain_setting_problem("qnn", settings)
+        if problem is not None:  # another chip's numbers, or none at all
+            raise TargetError(f"qnn: {problem}")
         # the graph input's Q and output's DQ on the HTP too (the EP's default leaves them on
         # the CPU): "fully on the accelerator" then means every node
         options = {"backend_type": "htp", "offload_graph_io_quantization": "0"}
@@ -205,6 +210,7 @@ def fuse_gelu(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         return model, 0
     dropped = {name for g in gelus for name in (*g.nodes, *g.skipped)}
     first = {g.nodes[0]: g for g in gelus}
+    namer = Namer.of_model(model)
     fused = onnx.ModelProto()
     fused.CopyFrom(model)
     del fused.graph.node[:]
@@ -212,7 +218,7 @@ def fuse_gelu(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         gelu = first.get(node.name)
         if gelu is not None:
             fused.graph.node.append(onnx.helper.make_node(
-                "Gelu", [gelu.x], [gelu.output], name=f"{node.name}/gelu",
+                "Gelu", [gelu.x], [gelu.output], name=namer.fresh(f"{node.name}/gelu"),
                 domain="com.microsoft"))
         elif node.name not in dropped:
             fused.graph.node.append(node)

@@ -14,9 +14,11 @@ integer model's, not a simulation of the NPU.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,6 +31,7 @@ import numpy as np
 import onnx
 
 from mpsearch.errors import TargetError
+from mpsearch.profiles import toolchain_setting_problem
 from mpsearch.targets._base import Compiled
 from mpsearch.targets._shapes import fixed_input_shapes, static_shapes
 from mpsearch.targets._tflite_lower import lower
@@ -56,9 +59,13 @@ def _write(path: Path, data: bytes) -> None:
 
 
 def vela_flags(settings: Mapping[str, Any]) -> list[str]:
+    """Vela's command-line flags for ``settings`` (TargetError for one it does not take)."""
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
         raise TargetError(f"vela setting(s) {unknown} unknown; valid: {sorted(SETTINGS)}")
+    problem = toolchain_setting_problem("vela", settings)
+    if problem is not None:
+        raise TargetError(f"vela: {problem}")
     chosen = {"accelerator_config": DEFAULT_ACCELERATOR, **settings}
     flags = []
     for key, value in chosen.items():
@@ -91,7 +98,16 @@ class VelaToolchain:
             raise TargetError(problem)
         flags = vela_flags(settings)
         workdir = Path(workdir)
+        created = not workdir.exists()
         workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            return self._compile(model, workdir, calibration, flags)
+        except BaseException:  # a refused model leaves no TFLite file, CSV or record behind
+            _remove_outputs(workdir, created)
+            raise
+
+    def _compile(self, model: onnx.ModelProto, workdir: Path,
+                 calibration: Sequence[Mapping[str, np.ndarray]], flags: list[str]) -> Compiled:
         fixed = fixed_input_shapes(model, calibration)
         flat, signature, _ = lower(model, static_shapes(model, fixed))
         tflite = workdir / "model.tflite"
@@ -142,6 +158,17 @@ class VelaToolchain:
                 y = _dequantize(interpreter.get_tensor(detail["index"]), detail)
                 results[i].append(y.transpose(0, 3, 1, 2) if nhwc else y)
         return [np.concatenate(r) for r in results]
+
+
+def _remove_outputs(workdir: Path, created: bool) -> None:
+    """Remove what :meth:`VelaToolchain.compile` writes in ``workdir`` (the folder too when
+    the call ``created`` it and nothing else is in it)."""
+    for name in ("model.tflite", "model.json"):
+        (workdir / name).unlink(missing_ok=True)
+    shutil.rmtree(workdir / "vela", ignore_errors=True)
+    if created:
+        with contextlib.suppress(OSError):
+            workdir.rmdir()
 
 
 def run_vela(tflite: Path, out_dir: Path, flags: Sequence[str]) -> tuple[list[str], str]:
