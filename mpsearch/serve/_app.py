@@ -62,6 +62,7 @@ from mpsearch.serve._spec import (
 )
 from mpsearch.serve._store import Store, Upload, UploadError, valid_id
 from mpsearch.serve._summaries import analysis_headline, job_summary
+from mpsearch.serve._targetview import verify_html
 
 __all__ = ["ServeConfig", "bundled_files", "create_app"]
 
@@ -118,7 +119,7 @@ class _App:
                        default)  # an unknown choice (the error says so) falls back
         form["profile"] = profile
         try:
-            card = await run_in_threadpool(self._card, profile)
+            card = await run_in_threadpool(self._card, profile, form.get("verify", "none"))
         except MpsearchError as e:
             card = f'<p class="error">{pages.e(e)}</p>'
         data = self.choices.data(model)
@@ -131,10 +132,12 @@ class _App:
             errors=errors or {}, max_bytes=self.config.max_upload_bytes, notice=notice)
         return HTMLResponse(html, status_code=status)
 
-    def _card(self, ref: str) -> str:
+    def _card(self, ref: str, verify: str = "none") -> str:
+        """The profile's card, then its target toolchain and the form's ``verify`` choice."""
         from mpsearch import load_profile
 
-        return pages.profile_card(load_profile(self.choices.resolve_profile(ref)[0]).to_dict())
+        profile = load_profile(self.choices.resolve_profile(ref)[0]).to_dict()
+        return pages.profile_card(profile) + verify_html(profile, verify)
 
     # -- pages ---------------------------------------------------------------------------
     async def index(self, request: Request, error: UploadError | None = None,

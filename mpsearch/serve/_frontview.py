@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["Latency", "baselines", "chart_data", "is_shown", "latency", "ratio_text",
-           "recommendation", "recommended_index", "speed_words"]
+__all__ = ["Latency", "baselines", "chart_data", "export_index", "is_shown", "latency",
+           "ratio_text", "recommendation", "recommended_index", "speed_words"]
 
 Latency = tuple[float | None, tuple[float, float] | None]
 """A latency in ms and its spread ([low, high] ms), each None when unknown."""
@@ -68,6 +68,19 @@ def recommended_index(front: Mapping[str, Any]) -> tuple[int | None, bool]:
     chosen = min(top, key=lambda p: (int(p["size"]), _ms(p) if _ms(p) is not None else 1e300,
                                      int(p.get("index", 0))))
     return int(chosen.get("index", 0)), False
+
+
+def export_index(front: Mapping[str, Any] | None) -> int | None:
+    """The point the page's export command names first: the recommended one, else the first
+    shown, else the first point (None without points)."""
+    if front is None:
+        return None
+    k, _ = recommended_index(front)
+    if k is not None:
+        return k
+    points = _points(front)
+    first = next((p for p in points if is_shown(p)), points[0] if points else None)
+    return None if first is None else int(first.get("index", 0))
 
 
 def _ms(entry: Mapping[str, Any], key: str = "latency_ms") -> float | None:

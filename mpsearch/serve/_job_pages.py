@@ -7,10 +7,11 @@ state, its progress dict and ``front.json``); produces HTML strings (see
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mpsearch.serve._frontview import chart_data
+from mpsearch.serve._frontview import chart_data, export_index
 from mpsearch.serve._pages import bytes_text, e, error_box, file_form, page, summary_html
 from mpsearch.serve._results import front_section, partial_section
 
@@ -176,11 +177,20 @@ def _state(job: Any, position: int | None) -> str:
     return f'<span class="state {e(job.state)}" id="job-state">{e(job.state)}{where}</span>'
 
 
-def _commands(job: Any, exportable: bool) -> str:
-    """The job's command lines; ``mpsearch export`` only when there is a front to export."""
-    lines = "\n".join(e(line) for line in job.commands
-                      if exportable or not line.startswith("mpsearch export "))
-    return f'<pre class="commands" id="commands">{lines}</pre>'
+def _commands(job: Any, exportable: bool, point: int | None) -> str:
+    """The job's command lines; ``mpsearch export`` only when there is a front to export, and
+    then for ``point`` (the recommended one; the page's script follows the selected row)."""
+    lines = []
+    for line in job.commands:
+        if line.startswith("mpsearch export "):
+            if not exportable:
+                continue
+            k = "K" if point is None else str(point)
+            lines.append(re.sub(r"--point (\d+|K)",
+                                f'--point <span id="export-point">{k}</span>', e(line)))
+        else:
+            lines.append(e(line))
+    return f'<pre class="commands" id="commands">{chr(10).join(lines)}</pre>'
 
 
 _PROGRESS = (
@@ -266,7 +276,7 @@ def job_page(job: Any, *, progress: Mapping[str, Any] | None, front: Mapping[str
                  "Finish with the trials it ran).")
         parts.append("<section><h2>From the command line</h2><p class=\"muted\">The same "
                      f"run from a shell (run directory {e(run_dir)}):{later}</p>"
-                     f"{_commands(job, exportable)}</section>")
+                     f"{_commands(job, exportable, export_index(front))}</section>")
     data = {"job": job.id, "state": job.state, "higher": job.higher_is_better,
             "progress": dict(progress) if progress else None,
             "chart": chart_data(front, partial)}

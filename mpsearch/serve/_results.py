@@ -27,6 +27,7 @@ from mpsearch.serve._frontview import (
     speed_words,
 )
 from mpsearch.serve._pages import bytes_text, e
+from mpsearch.serve._targetview import target_section
 
 __all__ = ["front_section", "partial_section"]
 
@@ -168,7 +169,7 @@ def front_section(job: Any, front: Mapping[str, Any], *, trials_done: int,
             f'<form method="get" action="/jobs/{job.id}/export" id="export-form">'
             f'<table id="front">{_head(metric, batch)}<tbody id="front-points">{rows}</tbody>'
             '<tbody id="baselines"><tr class="group"><th colspan="11">Baselines (every node '
-            f"in one format)</th></tr>{base}</tbody></table>{beaten}"
+            f"in one format)</th></tr>{base}</tbody></table>{target_section(front)}{beaten}"
             '<button type="submit" id="export-button" class="primary">Download the selected '
             "point's QDQ model</button></form>")
 

@@ -141,6 +141,8 @@
     var radio = $("point-" + k);
     if (!radio) return;
     radio.checked = true;
+    var named = $("export-point");  // the command line exports the selected point
+    if (named) named.textContent = k;
     document.querySelectorAll("tr.selected").forEach(function (r) { r.classList.remove("selected"); });
     var row = $("row-" + k);
     if (row) {
@@ -199,10 +201,10 @@
       var pt = ev.points && ev.points[0];
       if (pt && pt.customdata !== undefined && pt.customdata !== null) selectPoint(pt.customdata, true);
     });
-    document.querySelectorAll("input[name=point]").forEach(function (r) {
-      r.addEventListener("change", function () { selectPoint(+r.value, false); });
-    });
   }
+  document.querySelectorAll("input[name=point]").forEach(function (r) {
+    r.addEventListener("change", function () { selectPoint(+r.value, false); });
+  });
   function partialChart(box, c) {
     function xs(ps) { return ps.map(function (p) { return p[1]; }); }
     function ys(ps) { return ps.map(function (p) { return p[0]; }); }

@@ -217,8 +217,16 @@ def test_model_summary_json_and_profile_card(client: TestClient, tiny: tuple[Pat
         "zero point 0" in card
     # no Python dict or list reprs (an apostrophe in the profile's own prose is fine)
     assert "{" not in card and "[&#x27;" not in card and "&#x27;: " not in card
+    # qnn_htp names a toolchain: the verify choice, bound to the job form, and its status
+    # (onnxruntime-qnn is installed with the qnn extra, so every choice is enabled)
+    assert '<div id="target-verify" data-toolchain="qnn">' in card
+    assert '<select name="verify" id="verify" form="job-form">' in card
+    assert '<span class="ok" id="toolchain-status">installed</span>' in card
+    assert [v for v in ("none", "front", "toolchain") if f'<option value="{v}"' in card] == [
+        "none", "front", "toolchain"] and " disabled" not in card
     x86 = client.get("/profiles/card", params={"ref": "shipped:x86_ort"}).text
     assert "relative cost: int8 unknown" in x86 and "{" not in x86
+    assert 'id="no-toolchain"' in x86 and 'name="verify"' not in x86
     assert "neither a shipped profile" in client.get("/profiles/card",
                                                      params={"ref": "shipped:../x"}).text
     assert "shipped:x86_ort" in client.get("/api/profiles").json()["profiles"]
@@ -396,7 +404,9 @@ def test_job_form_refuses_code_and_bad_values(client: TestClient, tiny: tuple[Pa
              "method": ("magic", "range method 'magic' is not one of"),
              "formats": ("int4", "not in profile 'x86_ort'"),
              "granularity": ("per_row", "weight granularity"),
-             "analysis": ("maybe", "per-node analysis 'maybe'")}
+             "analysis": ("maybe", "per-node analysis 'maybe'"),
+             "verify": ("front", "verify 'front' needs a profile that names a target "
+                                 "toolchain; profile 'x86_ort' names none")}
     for key, (value, expected) in cases.items():
         response = client.post(url, data={**QUICK, "data": data, key: value}, headers=JSON)
         assert response.status_code in (400, 404), key
@@ -600,6 +610,9 @@ def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
     assert "granularity: per_tensor" in client.get(f"/jobs/{job}/hw_profile.yaml").text
     page = client.get(f"/jobs/{job}").text
     assert 'id="front"' in page and 'iframe id="report"' in page and "--resume" in page
+    assert ('<p class="note" id="cpu-numbers">These are ONNX Runtime numbers on this '
+            "machine's CPU: no target toolchain verified this search") in page
+    assert 'id="on-target"' not in page
     assert page.index('id="results"') < page.index('iframe id="report"')  # the front first
     front = json.loads((run_dir / "front.json").read_text())
     shown = [p for p in front["points"] if p.get("shown", not p.get("dominated", False))]
@@ -672,6 +685,13 @@ def _check_front_fields(client: TestClient, job: str, path: Path) -> None:
     front["fp32"]["latency_ms_interval"] = [fp32_ms * 0.95, fp32_ms * 1.05]
     points[last]["latency_ms"] = fp32_ms * 1.02  # the spreads overlap: no speed claimed
     points[last]["latency_ms_interval"] = [fp32_ms * 0.97, fp32_ms * 1.08]
+    target = points[last]["metric"] - 0.0125  # as a `verify: front` run writes it
+    points[last].update(target_metric=target, target_cost={"cycles": 123456.0},
+                        target_placement={"toolchain": "qnn", "version": "onnxruntime-qnn 2.7.0",
+                                          "nodes": 7, "on_accelerator": 6,
+                                          "fallback": [{"node": "/Flatten",
+                                                        "reason": "not supported"}],
+                                          "settings": {"htp_arch": 73}})
     front.update(recommended=last, recommendation=f"deploy point {last}: checked text",
                  stopped="the front did not change in the last 20 trials")
     path.write_text(json.dumps(front))
@@ -685,6 +705,17 @@ def _check_front_fields(client: TestClient, job: str, path: Path) -> None:
             "in the last 20 trials</p>") in page
     assert f'value="{last}" id="point-{last}" checked>' in page
     assert page.count(" checked>") == 1  # one point preselected
+    # the command line exports the recommended point (the script follows the selection)
+    assert f'--point <span id="export-point">{last}</span> --out model.onnx' in page
+    # the point run on the target: both metrics, its placement and the toolchain's cost
+    on_target = page.split('<section id="on-target">')[1].split("</section>")[0]
+    assert "<b>qnn</b> (onnxruntime-qnn 2.7.0; htp_arch 73)" in on_target
+    assert (f'<tr data-point="{last}"><td>{last}</td><td class="ort">'
+            f'{points[last]["metric"]:.4f}</td><td class="target-metric">{target:.4f}</td>'
+            '<td>-0.0125</td><td class="placement">6 of 7 on the accelerator, 1 on the CPU'
+            '</td><td class="cost">cycles 123,456</td><td class="fallback">/Flatten: not '
+            "supported</td></tr>") in on_target
+    assert 'id="cpu-numbers"' not in page
     table = page.split('<tbody id="front-points">')[1].split("</tbody>")[0]
     hidden = page.split('<table id="hidden">')[1].split("</table>")[0]
     assert 'id="row-0"' not in table and 'id="row-0"' in hidden
