@@ -16,10 +16,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["Latency", "baselines", "chart_data", "export_index", "is_shown", "latency",
-           "ratio_text", "recommendation", "recommended_index", "speed_words"]
+           "ratio_text", "recommendation", "recommended_index", "speed_words", "stored_words"]
 
 Latency = tuple[float | None, tuple[float, float] | None]
 """A latency in ms and its spread ([low, high] ms), each None when unknown."""
+
+#: the key of a point's latency wording in ``front.json``, as the search writes it (the same
+#: words as the CLI and the report); the page shows it as written
+WORDING_KEY = "latency_words"
 
 #: relative latency differences below this read "about as fast as FP32" (timing noise)
 _SAME = 0.05
@@ -112,6 +116,13 @@ def speed_words(value: Latency, fp32: Latency) -> str | None:
     return ratio_text(ms / ref, None)
 
 
+def stored_words(entry: Mapping[str, Any]) -> str | None:
+    """The latency wording the run wrote for ``entry`` (None in files without one: the page
+    then words it with :func:`speed_words`)."""
+    text = entry.get(WORDING_KEY)
+    return text.strip() if isinstance(text, str) and text.strip() else None
+
+
 def ratio_text(ratio: float | None, source: str | None) -> str | None:
     """A relative latency (1.0 = FP32) in words, for fronts without milliseconds."""
     if ratio is None or ratio <= 0:
@@ -182,7 +193,9 @@ def _hover(label: str, entry: Mapping[str, Any], metric: str, fp32: Mapping[str,
             text = f"{name}: {_ms_text(ms)}"
             if spread is not None:
                 text += f" [{spread[0]:.3g}–{spread[1]:.3g}]"
-            words = speed_words((ms, spread), latency(fp32, batch))
+            stored = stored_words(entry) if entry is not fp32 else None
+            words = (None if batch else stored) if stored else speed_words(
+                (ms, spread), latency(fp32, batch))
             lines.append(text + (f", {words}" if words else ""))
     return "<br>".join(lines)
 

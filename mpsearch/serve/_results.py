@@ -25,6 +25,7 @@ from mpsearch.serve._frontview import (
     recommendation,
     recommended_index,
     speed_words,
+    stored_words,
 )
 from mpsearch.serve._pages import bytes_text, e
 from mpsearch.serve._targetview import target_section
@@ -42,8 +43,11 @@ def _file(size: int | None) -> str:
 def _latency_cell(entry: Mapping[str, Any], fp32: Mapping[str, Any], front: Mapping[str, Any],
                   batch: bool) -> str:
     ms, spread = latency(entry, batch)
+    stored = stored_words(entry)
     if entry is fp32:
         words: str | None = "the reference" if ms is not None else None
+    elif stored is not None:  # the run's own wording (both batches), never derived again
+        words = None if batch else stored
     else:
         words = speed_words((ms, spread), latency(fp32, batch))
         if ms is None and not batch:

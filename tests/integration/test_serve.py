@@ -678,7 +678,8 @@ def _check_front_fields(client: TestClient, job: str, path: Path) -> None:
     last = len(points) - 1
     for p in points:  # the real search's own flags replaced: only point 0 is hidden here
         p.update(shown=True, beaten_by=None)
-    points[0].update(shown=False, beaten_by="uniform int8")
+    points[0].update(shown=False, beaten_by="uniform int8",
+                     latency_words="1.50x faster than FP32 (as the search words it)")
     for p in points:
         p["latency_ms_interval"] = [p["latency_ms"] * 0.9, p["latency_ms"] * 1.1]
     fp32_ms = front["fp32"]["latency_ms"]
@@ -720,6 +721,9 @@ def _check_front_fields(client: TestClient, job: str, path: Path) -> None:
     hidden = page.split('<table id="hidden">')[1].split("</table>")[0]
     assert 'id="row-0"' not in table and 'id="row-0"' in hidden
     assert '<td class="beaten-by">uniform int8</td>' in hidden
+    # a point's latency wording as the run wrote it, not derived again
+    assert '<small class="words">1.50x faster than FP32 (as the search words it)</small>' \
+        in hidden
     row = table.split(f'id="row-{last}"')[1].split("</tr>")[0]
     low, high = fp32_ms * 0.97, fp32_ms * 1.08
     assert (f'{fp32_ms * 1.02:.3g} ms <span class="spread">[{low:.3g}–{high:.3g}]</span>'
