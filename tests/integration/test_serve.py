@@ -767,8 +767,9 @@ def test_progress_is_read_as_data(tmp_path: Path) -> None:
 
 def test_overall_progress_is_an_honest_estimate() -> None:
     """The whole job's estimate: stages in order, the search's time left from its own trials
-    (an upper bound under patience, the held-out re-measure counted), none before it starts."""
-    from mpsearch.serve._progress import overall
+    (the trials until the patience stop if the front keeps still, the held-out re-measure
+    counted; "about", never "at most"), none before it starts."""
+    from mpsearch.serve._progress import overall, since_change
 
     spec = {"analysis": False, "seeding": True, "data": {"held_out": 0.5},
             "budget": {"patience": 20}}
@@ -788,15 +789,23 @@ def test_overall_progress_is_an_honest_estimate() -> None:
                 {"stage": "search", "done": 30, "total": 100, "elapsed": 10.0,
                  "time": t0 + 20}]
     mid = overall(records, kind="search", spec=spec, started="1970-01-01T00:16:40+00:00",
-                  trials_done=30, trials=100, front_size=4, now=t0 + 20)
-    # 0.5 s a trial: 70 trials left, then 4 front points re-measured on as many samples
-    assert mid["index"] == 2 and mid["left"] == pytest.approx(0.5 * (70 + 4))
-    assert mid["upper"] is True and mid["fraction"] == pytest.approx(20 / (20 + 37))
-    assert "at most: the patience stop can end the search sooner" in mid["notes"]
+                  trials_done=30, trials=100, front_size=4, since_change=5, now=t0 + 20)
+    # 0.5 s a trial: the front last changed 5 trials ago, so the patience stop (20) comes in
+    # 15 trials if it keeps still; then 4 front points re-measured on as many samples
+    assert mid["index"] == 2 and mid["left"] == pytest.approx(0.5 * (15 + 4))
+    assert mid["upper"] is False and mid["fraction"] == pytest.approx(20 / (20 + 9.5))
+    assert ("about: the patience stop ends the search 20 trials after the front last changed "
+            "(now 5 ago); a change starts the count again") in mid["notes"]
+    near_end = overall(records, kind="search", spec=spec, started="1970-01-01T00:16:40+00:00",
+                       trials_done=95, trials=100, front_size=4, since_change=0, now=t0 + 20)
+    assert near_end["left"] == pytest.approx(0.5 * (5 + 4))  # the budget ends it first
     no_patience = overall(records, kind="search", spec={**spec, "budget": {"patience": 0}},
                           started="1970-01-01T00:16:40+00:00", trials_done=30, trials=100,
-                          front_size=4, now=t0 + 20)
-    assert no_patience["upper"] is False
+                          front_size=4, since_change=5, now=t0 + 20)
+    assert no_patience["upper"] is False and no_patience["left"] == pytest.approx(0.5 * 74)
+    assert since_change([(0.9, 100.0), (0.8, 50.0), (0.7, 80.0), (0.85, 60.0), (0.6, 90.0)],
+                        higher=True) == 1  # (0.85, 60) joined the front; (0.6, 90) did not
+    assert since_change([], higher=True) == 0
     resumed = overall(records, kind="search", spec=spec,  # an older run's records: ignored
                       started="1970-01-01T00:17:05+00:00", trials=100, now=t0 + 27)
     assert (resumed["index"], resumed["elapsed"], resumed["left"]) == (0, 2.0, None)
