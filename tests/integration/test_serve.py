@@ -137,7 +137,7 @@ def test_bundled_model_shows_its_summary_profile_and_form(client: TestClient,
     assert plotly.status_code == 200 and plotly.headers["content-type"].startswith(
         "text/javascript") and b"plotly.js v" in plotly.content[:400]
     assert '<span class="tag">demo</span>' in client.get("/").text
-    for expected in ("30,866", "Conv", "GlobalAveragePool", "Heaviest nodes", "FLOPs",
+    for expected in ("34,376", "Conv", "GlobalAveragePool", "Heaviest nodes", "FLOPs",
                      'data-profile="x86_ort"', "uint8 asym per-tensor", "Op rules",
                      'value="bundled:demo_data.npz"', 'id="run-search"', 'value="entropy"'):
         assert expected in html, expected
@@ -923,3 +923,19 @@ def test_hostile_corpus_uploads_get_a_readable_4xx(client: TestClient, tiny: tup
     work = tmp_path / "work"
     assert len(_left(work, "models")) == (0 if kind == "model" else 1)  # the tiny model only
     assert _left(work, "data") == [] and _left(work, "profiles") == []
+
+
+def test_the_same_upload_twice_is_one_entry(client: TestClient, tiny: tuple[Path, Path],
+                                            tmp_path: Path) -> None:
+    """The same file under the same name is stored once (models, and data for one model);
+    another name or another model is another entry."""
+    model = _model(client, tiny[0])
+    assert _model(client, tiny[0]) == model
+    renamed = _upload(client, "/models", "other.onnx", tiny[0].read_bytes())
+    assert renamed.status_code == 201 and renamed.json()["id"] != model
+    data = _data(client, model, tiny[1])
+    assert _data(client, model, tiny[1]) == data
+    assert _data(client, str(renamed.json()["id"]), tiny[1]) != data
+    uploads = tmp_path / "work" / "uploads"
+    assert len(list((uploads / "models").iterdir())) == 2
+    assert len(list((uploads / "data").iterdir())) == 2
