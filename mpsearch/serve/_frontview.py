@@ -200,6 +200,23 @@ def _hover(label: str, entry: Mapping[str, Any], metric: str, fp32: Mapping[str,
     return "<br>".join(lines)
 
 
+def _also_here(points: list[dict[str, Any]], marks: list[dict[str, Any]]) -> None:
+    """Add to each hover text the other points and baselines drawn at the same place: the
+    pointer reaches only the top marker of a stack, so its text names the ones under it."""
+    spots: dict[tuple[float, int], list[str]] = {}
+    for entry in points:
+        spots.setdefault((entry["metric"], entry["size"]), []).append(
+            f"point {entry['index']}" + ("" if entry["shown"] else " (hidden)"))
+    for entry in marks:
+        spots.setdefault((entry["metric"], entry["size"]), []).append(entry["label"])
+    for entry in [*points, *marks]:
+        own = f"point {entry['index']}" if "label" not in entry else entry["label"]
+        others = [n for n in spots[(entry["metric"], entry["size"])]
+                  if n != own and not n.startswith(own + " ")]
+        if others:
+            entry["hover"] += "<br>also here: " + ", ".join(others)
+
+
 def chart_data(front: Mapping[str, Any] | None, partial: Mapping[str, Any] | None
                ) -> dict[str, Any] | None:
     """What the page's script draws in ``#results-chart`` with plotly.js: the shown points
@@ -233,6 +250,7 @@ def chart_data(front: Mapping[str, Any] | None, partial: Mapping[str, Any] | Non
                           "ms": latency(b)[0], "index": twin_of,
                           "hover": _hover(name, b, metric, fp32).replace("batch N",
                                                                          batch_name)})
+        _also_here(points, marks)
         selected, _ = recommended_index(front)
         return {"kind": "front", "points": points, "marks": marks, "selected": selected,
                 "y": f"{metric} (held-out split)", "x": "weights (bytes)",
