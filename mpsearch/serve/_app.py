@@ -61,7 +61,7 @@ from mpsearch.serve._spec import (
     write_spec,
 )
 from mpsearch.serve._store import Store, Upload, UploadError, valid_id
-from mpsearch.serve._summaries import analysis_headline, job_summary
+from mpsearch.serve._summaries import analysis_headline, job_summary, metric_note
 from mpsearch.serve._targetview import verify_html
 
 __all__ = ["ServeConfig", "bundled_files", "create_app"]
@@ -282,12 +282,15 @@ class _App:
         run_dir = self.queue.run_dir(job.id)
         headline = (await run_in_threadpool(analysis_headline, run_dir)
                     if job.kind != "search" and job.state == "done" else None)
+        front = results.get("front")
+        measured = (front or {}).get("metric") or (headline or {}).get("metric")
+        note = await run_in_threadpool(metric_note, run_dir, measured)
         html = job_page(job, progress=status["progress"], **results,
                         has_report=job.state not in ACTIVE
                         and RunDir(run_dir).report_html.is_file(),
                         has_profile=RunDir(run_dir).hw_profile_yaml.is_file(),
                         run_dir=str(run_dir), position=status["position"],
-                        headline=headline)
+                        headline=headline, metric_note=note)
         return HTMLResponse(html)
 
     async def cancel(self, request: Request) -> Response:

@@ -101,7 +101,7 @@ def model_page(model: Any, summary: Mapping[str, Any], *, profiles: Sequence[tup
         + _select("granularity", "weight granularity",
                   [("profile", "as the profile says"), ("per_channel", "per channel"),
                    ("per_tensor", "per tensor")], value("granularity", "profile"))
-        + _select("metric", "metric", [("", "auto (accuracy with labels)")]
+        + _select("metric", "metric", [("", "auto (accuracy with labels, else agreement)")]
                   + [(m, m) for m in metrics], value("metric", ""))
         + _input("calibration", "calibration samples", value("calibration", "128"), "number",
                  min="1")
@@ -232,7 +232,8 @@ def _headline(head: Mapping[str, Any] | None) -> str:
 def job_page(job: Any, *, progress: Mapping[str, Any] | None, front: Mapping[str, Any] | None,
              partial: Mapping[str, Any] | None, trials_done: int, files: Mapping[int, int],
              fp32_file: int | None, has_report: bool, has_profile: bool, run_dir: str,
-             position: int | None, headline: Mapping[str, Any] | None = None) -> str:
+             position: int | None, headline: Mapping[str, Any] | None = None,
+             metric_note: str | None = None) -> str:
     """A job: its state and actions, then its results (the recommendation and the front
     first, or an analysis' headline), the report, and the command lines that redo it."""
     links = [f'<a href="/jobs/{job.id}/spec.yaml" download id="spec-link">spec.yaml</a>']
@@ -253,6 +254,8 @@ def job_page(job: Any, *, progress: Mapping[str, Any] | None, front: Mapping[str
         parts.append(f'<div class="error" role="alert" id="job-error">{e(job.error)}</div>')
     if job.note:
         parts.append(f'<p class="note">{e(job.note)}</p>')
+    if metric_note:
+        parts.append(f'<p class="note" id="metric-auto">{e(metric_note)}.</p>')
     if front is not None:
         parts.append('<section id="results"><h2>Pareto front</h2>'
                      + front_section(job, front, trials_done=trials_done, files=files,

@@ -184,9 +184,11 @@ def test_uploaded_model_steps_confirmation_and_job_names(client: TestClient,
     jobs = client.get("/").text.split('id="jobs"')[1]
     assert "<th>profile</th><th>kind</th><th>trials</th><th>status</th>" in jobs
     assert "<td>x86_ort</td><td>search</td><td>3</td>" in jobs
-    assert "<th>best metric (held-out)</th><th>smallest size</th><th>recommendation</th>" in jobs
+    assert ("<th>best metric (held-out)</th><th>smallest size</th><th>recommendation</th>"
+            "<th>recommended formats</th><th>settings</th><th>duration</th>") in jobs
     assert ('<td class="settings">minmax, metric auto, held-out 0.5, 48 calibration samples, '
-            "32 sensitivity samples</td>") in jobs
+            "seed 0, 32 sensitivity samples</td>") in jobs
+    assert '<td class="duration">-</td>' in jobs  # not finished yet
     assert "bundled:" not in page  # no data offered that was not made for this model
     info = client.get(f"/api/models/{model}").json()["info"]
     assert info["file_bytes"] == tiny[0].stat().st_size and info["weight_bytes"] == 4 * 426

@@ -382,7 +382,7 @@ def test_newcomer_path_demo_to_exported_model(server: str, tmp_path: Path, chrom
     heads = page.locator("#jobs thead th").all_text_contents()
     assert heads == ["job", "model", "profile", "kind", "trials", "status",
                      "best metric (held-out)", "smallest size", "recommendation",
-                     "settings", "created (UTC)"], heads
+                     "recommended formats", "settings", "duration", "created (UTC)"], heads
     row = page.locator("#jobs tbody tr").first
     cells = row.locator("td").all_text_contents()
     best = max(q["metric"] for q in front["points"] if q["index"] in shown)
@@ -392,8 +392,13 @@ def test_newcomer_path_demo_to_exported_model(server: str, tmp_path: Path, chrom
     assert cells[6] == f"accuracy {best:.4f}"
     assert cells[7].startswith(bytes_text(smallest["size"]))
     assert cells[8] != "-", cells
-    assert cells[9] == ("minmax, metric auto, held-out 0.5, 64 calibration samples, "
-                        "latency objective, no per-node analysis"), cells
+    if front.get("recommended") is not None:  # the recommended point's formats
+        chosen = front["points"][front["recommended"]]
+        assert cells[9] == f"point {chosen['index']}: " + ", ".join(
+            f"{f} {n}" for f, n in sorted(chosen["counts"].items())), cells
+    assert cells[10] == ("minmax, metric auto: accuracy, held-out 0.5, 64 calibration "
+                         "samples, seed 0, latency objective, no per-node analysis"), cells
+    assert re.fullmatch(r"\d+:\d\d", cells[11]), cells
     _shot(page, tmp_path, "07-jobs.png", full=True)
     assert errors == [], errors
     assert outside == [], f"requests left the server: {outside[:5]}"

@@ -3,6 +3,7 @@ front.json documents written as the search writes them."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from mpsearch.serve._frontview import chart_data, export_index
@@ -36,3 +37,15 @@ def test_the_export_command_names_the_recommended_point() -> None:
     assert export_index(_front(recommended=2)) == 2
     assert export_index(_front(recommended=None)) == 0  # none recommended: the first shown
     assert export_index(None) is None
+
+
+def test_metric_auto_says_what_it_became(tmp_path: Path) -> None:
+    from mpsearch.serve._summaries import metric_note
+
+    (tmp_path / "spec.yaml").write_text("model: m.onnx\nprofile: x86_ort\nmetric: null\n")
+    assert metric_note(tmp_path, "agreement") == (
+        "metric auto became agreement: the data has no labels, so the quantized model is "
+        "scored by how often its top-1 class matches FP32's")
+    assert metric_note(tmp_path, "accuracy") == "metric auto became accuracy (the data has labels)"
+    (tmp_path / "spec.yaml").write_text("model: m.onnx\nprofile: x86_ort\nmetric: agreement\n")
+    assert metric_note(tmp_path, "agreement") is None  # the user named it
