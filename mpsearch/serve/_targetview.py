@@ -38,9 +38,9 @@ def _toolchain(profile: Mapping[str, Any]) -> Mapping[str, Any] | None:
 def toolchain_missing(name: str) -> str | None:
     """None when toolchain ``name`` is usable here, else its adapter's line saying what to
     install and how."""
-    from mpsearch.targets import toolchain  # vendor modules load only when asked for
+    from mpsearch.pipeline import toolchain_missing as missing  # loads the engine: late
 
-    return toolchain(name).missing()
+    return missing(name)
 
 
 def verify_html(profile: Mapping[str, Any], selected: str = "none") -> str:
