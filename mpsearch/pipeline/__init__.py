@@ -24,10 +24,16 @@ from mpsearch.pipeline._export import (
     quantize_one,
 )
 from mpsearch.pipeline._prepare import Prepared, prepare, prepare_inputs, search_split, split_data
-from mpsearch.pipeline._search import SearchRun, check_profile_claims, search_run, with_objectives
+from mpsearch.pipeline._search import (
+    SearchRun,
+    check_profile_claims,
+    search_run,
+    toolchain_missing,
+    with_objectives,
+)
 
 __all__ = ["REPORT_VIEW_NODES", "BuiltModel", "DryRun", "Prepared", "SearchRun",
            "analyze_prepared", "analyze_run", "calibrate_model", "check_profile_claims",
            "dry_run", "evaluate_model", "export_point", "prepare", "prepare_inputs",
-           "quantize_one", "search_run", "search_split", "split_data", "with_objectives",
-           "write_analysis", "write_model"]
+           "quantize_one", "search_run", "search_split", "split_data", "toolchain_missing",
+           "with_objectives", "write_analysis", "write_model"]

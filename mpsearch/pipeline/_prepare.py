@@ -123,11 +123,6 @@ def prepare_inputs(
     calib, valid = split_data(dataset, calibration_samples, seed)
     options: dict[str, Any] = dict(batch_size=batch_size, threads=threads, progress=progress)
 
-    def calibrate_graph(g: ModelGraph) -> CalibrationTable:
-        if cache_dir is not None:
-            return calibrate_cached(g, calib, cache_dir, **options)
-        return calibrate(g, calib, **options)
-
     settings = RecoverySettings(cle=cle, bias_correction=bias_correction, gptq=gptq,
                                 smoothquant=smoothquant, smoothquant_alpha=smoothquant_alpha)
     search = search_split(valid, held_out, seed)[0]
@@ -135,6 +130,16 @@ def prepare_inputs(
     decided = _cached_decision(recovery_cache, key) if settings.auto else None
     if decided is not None:  # the decision this run made before: its methods, fixed
         settings = RecoverySettings(**decided.chosen, smoothquant_alpha=smoothquant_alpha)
+    # Deciding, recovery calibrates the plain graph and each candidate transform in turn: the
+    # one-table cache would take each for "another model" and rewrite itself every time, so
+    # only the chosen graph's table is saved (below). Fixed settings calibrate one graph.
+    cached = cache_dir if not settings.auto else None
+
+    def calibrate_graph(g: ModelGraph) -> CalibrationTable:
+        if cached is not None:
+            return calibrate_cached(g, calib, cached, **options)
+        return calibrate(g, calib, **options)
+
     done = recover(graph, hw, calib, search, calibrate_graph, settings, metric=metric,
                    threads=threads, progress=progress)
     if cache_dir is not None and done.decision is not None:

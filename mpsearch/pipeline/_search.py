@@ -30,7 +30,7 @@ from mpsearch.recovery import RecoveryDecision
 from mpsearch.rundir import Front, RunDir, check_measurements
 from mpsearch.search import MEASURE_ABOVE, SearchResult, SearchSettings, check_resume, run_search
 from mpsearch.spec import SearchSpec
-from mpsearch.targets import TargetError
+from mpsearch.targets import TargetError, toolchain
 from mpsearch.targets._probes import ProbeResult, check_profile
 from mpsearch.targets._verify import TargetVerifier, target_for, toolchain_version
 
@@ -125,6 +125,12 @@ def check_profile_claims(
     tool = target_for(hw)
     results = check_profile(hw, tool, ops=ops, progress=progress)
     return hw, toolchain_version(tool), results
+
+
+def toolchain_missing(name: str) -> str | None:
+    """None when target toolchain ``name`` (a profile's ``toolchain.name``) is usable on this
+    machine, else its adapter's one line saying what to install and how."""
+    return toolchain(name).missing()
 
 
 def _check_latency_objective(spec: SearchSpec) -> None:

@@ -365,10 +365,11 @@ def _interval_text(point: Mapping[str, Any]) -> str:
 
 
 def figure_front(front: Mapping[str, Any], trials: Sequence[Mapping[str, Any]]) -> Figure:
-    """Metric vs size of every trial (faint) and the shown Pareto front (color = latency),
-    each front point with its held-out 95 % interval as an error bar; the points a baseline or
-    another point beats after the re-measure are left out (``shown`` false), the recommended
-    one is a star.
+    """Metric vs size of the shown Pareto front (color = latency), each point with its
+    held-out 95 % interval as an error bar, and below it, on an axis of its own, every trial
+    on the search split (not comparable with the held-out numbers above); the points a
+    baseline or another point beats after the re-measure are left out (``shown`` false), the
+    recommended one is a star.
 
     Trace 1 (``uid`` ``front``) carries the point index in ``customdata``; the report's script
     selects a point on click. The last trace (``uid`` ``selected``) rings the selected point.
@@ -388,7 +389,8 @@ def figure_front(front: Mapping[str, Any], trials: Sequence[Mapping[str, Any]]) 
                         for p in points]
     known = "colorbar" in marker
     data: list[dict[str, Any]] = [
-        {"type": "scatter", "mode": "markers", "name": "all trials", "uid": "trials",
+        {"type": "scatter", "mode": "markers", "name": "all trials (search split)",
+         "uid": "trials", "yaxis": "y2",
          "x": [_r(t["size"] / scale) for t in done], "y": [_r(t["metric"]) for t in done],
          "marker": {"color": "#9e9e9e", "size": 5, "opacity": 0.35},
          "customdata": [[t.get("trial"), esc(t.get("source", "")), esc(t.get("state", ""))]
@@ -417,7 +419,7 @@ def figure_front(front: Mapping[str, Any], trials: Sequence[Mapping[str, Any]]) 
         data.append({
             "type": "scatter", "mode": "markers+text", "name": "FP32 / uniform", "uid": "refs",
             "x": [_r((r.get("size") or 0) / scale) for _, r in ref_rows],
-            "y": [_r(r["metric"]) for _, r in ref_rows], "text": [esc(n) for n, _ in ref_rows],
+            "y": [_r(r["metric"]) for _, r in ref_rows], "text": _ref_labels(ref_rows, points),
             "textposition": "bottom center",
             "marker": {"symbol": "diamond", "size": 11, "color": "#ffffff",
                        "line": {"color": "#000000", "width": 1.5}},
@@ -428,8 +430,29 @@ def figure_front(front: Mapping[str, Any], trials: Sequence[Mapping[str, Any]]) 
                      "line": {"color": "#d62728", "width": 3}}})
     better = "higher" if front.get("higher_is_better", True) else "lower"
     return {"data": data, "layout": _layout(
-        "Pareto front: held-out metric vs model size", 540, hoverlabel={"align": "left"},
+        "Pareto front: held-out metric vs model size", 640, hoverlabel={"align": "left"},
         margin={"l": 70, "r": 30, "t": 80, "b": 60},
         legend={"orientation": "h", "x": 0.0, "y": 1.02, "yanchor": "bottom"},
-        xaxis=_axis(f"model size ({unit})"),
-        yaxis=_axis(f"{metric} (held-out, {better} is better)"))}
+        xaxis=_axis(f"model size ({unit})", anchor="y2"),
+        yaxis=_axis(f"{metric} (held-out, {better} is better)", domain=[0.34, 1.0]),
+        yaxis2=_axis(f"{metric}, every trial (search split)", domain=[0.0, 0.24],
+                     anchor="x"))}
+
+
+def _ref_labels(refs: Sequence[tuple[str, Mapping[str, Any]]],
+                points: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The baselines' labels; baselines at (nearly) one place share one label ("INT8 /
+    INT16") instead of printing over each other."""
+    xs = [float(r.get("size") or 0) for _, r in refs] + [float(p["size"] or 0) for p in points]
+    ys = [float(r["metric"]) for _, r in refs] + [float(p["metric"]) for p in points]
+    x_span, y_span = max(max(xs) - min(xs), 1e-9), max(max(ys) - min(ys), 1e-9)
+    texts = [esc(n) for n, _ in refs]
+    for i, (_, r) in enumerate(refs):
+        for j in range(i):
+            other = refs[j][1]
+            if texts[j] and abs(float(r.get("size") or 0) - float(other.get("size") or 0)) \
+                    < 0.05 * x_span and abs(float(r["metric"]) - float(other["metric"])) \
+                    < 0.05 * y_span:
+                texts[j], texts[i] = f"{texts[j]} / {texts[i]}", ""
+                break
+    return texts

@@ -61,7 +61,8 @@ from mpsearch.serve._spec import (
     write_spec,
 )
 from mpsearch.serve._store import Store, Upload, UploadError, valid_id
-from mpsearch.serve._summaries import analysis_headline, job_summary
+from mpsearch.serve._summaries import analysis_headline, job_summary, metric_note
+from mpsearch.serve._targetview import verify_html
 
 __all__ = ["ServeConfig", "bundled_files", "create_app"]
 
@@ -118,7 +119,7 @@ class _App:
                        default)  # an unknown choice (the error says so) falls back
         form["profile"] = profile
         try:
-            card = await run_in_threadpool(self._card, profile)
+            card = await run_in_threadpool(self._card, profile, form.get("verify", "none"))
         except MpsearchError as e:
             card = f'<p class="error">{pages.e(e)}</p>'
         data = self.choices.data(model)
@@ -131,10 +132,12 @@ class _App:
             errors=errors or {}, max_bytes=self.config.max_upload_bytes, notice=notice)
         return HTMLResponse(html, status_code=status)
 
-    def _card(self, ref: str) -> str:
+    def _card(self, ref: str, verify: str = "none") -> str:
+        """The profile's card, then its target toolchain and the form's ``verify`` choice."""
         from mpsearch import load_profile
 
-        return pages.profile_card(load_profile(self.choices.resolve_profile(ref)[0]).to_dict())
+        profile = load_profile(self.choices.resolve_profile(ref)[0]).to_dict()
+        return pages.profile_card(profile) + verify_html(profile, verify)
 
     # -- pages ---------------------------------------------------------------------------
     async def index(self, request: Request, error: UploadError | None = None,
@@ -279,12 +282,15 @@ class _App:
         run_dir = self.queue.run_dir(job.id)
         headline = (await run_in_threadpool(analysis_headline, run_dir)
                     if job.kind != "search" and job.state == "done" else None)
+        front = results.get("front")
+        measured = (front or {}).get("metric") or (headline or {}).get("metric")
+        note = await run_in_threadpool(metric_note, run_dir, measured)
         html = job_page(job, progress=status["progress"], **results,
                         has_report=job.state not in ACTIVE
                         and RunDir(run_dir).report_html.is_file(),
                         has_profile=RunDir(run_dir).hw_profile_yaml.is_file(),
                         run_dir=str(run_dir), position=status["position"],
-                        headline=headline)
+                        headline=headline, metric_note=note)
         return HTMLResponse(html)
 
     async def cancel(self, request: Request) -> Response:

@@ -17,11 +17,15 @@ from typing import Any
 
 from mpsearch.rundir import speed_at
 
-__all__ = ["Latency", "baselines", "chart_data", "is_shown", "latency", "ratio_text",
-           "recommendation", "recommended_index", "speed_words"]
+__all__ = ["Latency", "baselines", "chart_data", "export_index", "is_shown", "latency",
+           "ratio_text", "recommendation", "recommended_index", "speed_words", "stored_words"]
 
 Latency = tuple[float | None, tuple[float, float] | None]
 """A latency in ms and its spread ([low, high] ms), each None when unknown."""
+
+#: the key of a point's latency wording in ``front.json``, as the search writes it (the same
+#: words as the CLI and the report); the page shows it as written
+WORDING_KEY = "latency_words"
 
 #: relative latency differences below this read "about as fast as FP32" (timing noise)
 _SAME = 0.05
@@ -72,6 +76,19 @@ def recommended_index(front: Mapping[str, Any]) -> tuple[int | None, bool]:
     return int(chosen.get("index", 0)), False
 
 
+def export_index(front: Mapping[str, Any] | None) -> int | None:
+    """The point the page's export command names first: the recommended one, else the first
+    shown, else the first point (None without points)."""
+    if front is None:
+        return None
+    k, _ = recommended_index(front)
+    if k is not None:
+        return k
+    points = _points(front)
+    first = next((p for p in points if is_shown(p)), points[0] if points else None)
+    return None if first is None else int(first.get("index", 0))
+
+
 def _ms(entry: Mapping[str, Any], key: str = "latency_ms") -> float | None:
     value = entry.get(key)
     return float(value) if isinstance(value, (int, float)) else None
@@ -94,6 +111,13 @@ def speed_words(value: Latency, fp32: Latency) -> str | None:
     FP32 (within the spread)" when the two spreads overlap; None if unknown."""
     (ms, spread), (ref, ref_spread) = value, fp32
     return speed_at(ms, spread, ref, ref_spread)
+
+
+def stored_words(entry: Mapping[str, Any]) -> str | None:
+    """The latency wording the run wrote for ``entry`` (None in files without one: the page
+    then words it with :func:`speed_words`)."""
+    text = entry.get(WORDING_KEY)
+    return text.strip() if isinstance(text, str) and text.strip() else None
 
 
 def ratio_text(ratio: float | None, source: str | None) -> str | None:
@@ -166,9 +190,28 @@ def _hover(label: str, entry: Mapping[str, Any], metric: str, fp32: Mapping[str,
             text = f"{name}: {_ms_text(ms)}"
             if spread is not None:
                 text += f" [{spread[0]:.3g}–{spread[1]:.3g}]"
-            words = speed_words((ms, spread), latency(fp32, batch))
+            stored = stored_words(entry) if entry is not fp32 else None
+            words = (None if batch else stored) if stored else speed_words(
+                (ms, spread), latency(fp32, batch))
             lines.append(text + (f", {words}" if words else ""))
     return "<br>".join(lines)
+
+
+def _also_here(points: list[dict[str, Any]], marks: list[dict[str, Any]]) -> None:
+    """Add to each hover text the other points and baselines drawn at the same place: the
+    pointer reaches only the top marker of a stack, so its text names the ones under it."""
+    spots: dict[tuple[float, int], list[str]] = {}
+    for entry in points:
+        spots.setdefault((entry["metric"], entry["size"]), []).append(
+            f"point {entry['index']}" + ("" if entry["shown"] else " (hidden)"))
+    for entry in marks:
+        spots.setdefault((entry["metric"], entry["size"]), []).append(entry["label"])
+    for entry in [*points, *marks]:
+        own = f"point {entry['index']}" if "label" not in entry else entry["label"]
+        others = [n for n in spots[(entry["metric"], entry["size"])]
+                  if n != own and not n.startswith(own + " ")]
+        if others:
+            entry["hover"] += "<br>also here: " + ", ".join(others)
 
 
 def chart_data(front: Mapping[str, Any] | None, partial: Mapping[str, Any] | None
@@ -204,6 +247,7 @@ def chart_data(front: Mapping[str, Any] | None, partial: Mapping[str, Any] | Non
                           "ms": latency(b)[0], "index": twin_of,
                           "hover": _hover(name, b, metric, fp32).replace("batch N",
                                                                          batch_name)})
+        _also_here(points, marks)
         selected, _ = recommended_index(front)
         return {"kind": "front", "points": points, "marks": marks, "selected": selected,
                 "y": f"{metric} (held-out split)", "x": "weights (bytes)",

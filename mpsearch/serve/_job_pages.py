@@ -7,10 +7,11 @@ state, its progress dict and ``front.json``); produces HTML strings (see
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mpsearch.serve._frontview import chart_data
+from mpsearch.serve._frontview import chart_data, export_index
 from mpsearch.serve._pages import bytes_text, e, error_box, file_form, page, summary_html
 from mpsearch.serve._results import front_section, partial_section
 
@@ -100,7 +101,7 @@ def model_page(model: Any, summary: Mapping[str, Any], *, profiles: Sequence[tup
         + _select("granularity", "weight granularity",
                   [("profile", "as the profile says"), ("per_channel", "per channel"),
                    ("per_tensor", "per tensor")], value("granularity", "profile"))
-        + _select("metric", "metric", [("", "auto (accuracy with labels)")]
+        + _select("metric", "metric", [("", "auto (accuracy with labels, else agreement)")]
                   + [(m, m) for m in metrics], value("metric", ""))
         + _input("calibration", "calibration samples", value("calibration", "128"), "number",
                  min="1")
@@ -176,11 +177,20 @@ def _state(job: Any, position: int | None) -> str:
     return f'<span class="state {e(job.state)}" id="job-state">{e(job.state)}{where}</span>'
 
 
-def _commands(job: Any, exportable: bool) -> str:
-    """The job's command lines; ``mpsearch export`` only when there is a front to export."""
-    lines = "\n".join(e(line) for line in job.commands
-                      if exportable or not line.startswith("mpsearch export "))
-    return f'<pre class="commands" id="commands">{lines}</pre>'
+def _commands(job: Any, exportable: bool, point: int | None) -> str:
+    """The job's command lines; ``mpsearch export`` only when there is a front to export, and
+    then for ``point`` (the recommended one; the page's script follows the selected row)."""
+    lines = []
+    for line in job.commands:
+        if line.startswith("mpsearch export "):
+            if not exportable:
+                continue
+            k = "K" if point is None else str(point)
+            lines.append(re.sub(r"--point (\d+|K)",
+                                f'--point <span id="export-point">{k}</span>', e(line)))
+        else:
+            lines.append(e(line))
+    return f'<pre class="commands" id="commands">{chr(10).join(lines)}</pre>'
 
 
 _PROGRESS = (
@@ -222,7 +232,8 @@ def _headline(head: Mapping[str, Any] | None) -> str:
 def job_page(job: Any, *, progress: Mapping[str, Any] | None, front: Mapping[str, Any] | None,
              partial: Mapping[str, Any] | None, trials_done: int, files: Mapping[int, int],
              fp32_file: int | None, has_report: bool, has_profile: bool, run_dir: str,
-             position: int | None, headline: Mapping[str, Any] | None = None) -> str:
+             position: int | None, headline: Mapping[str, Any] | None = None,
+             metric_note: str | None = None) -> str:
     """A job: its state and actions, then its results (the recommendation and the front
     first, or an analysis' headline), the report, and the command lines that redo it."""
     links = [f'<a href="/jobs/{job.id}/spec.yaml" download id="spec-link">spec.yaml</a>']
@@ -243,6 +254,8 @@ def job_page(job: Any, *, progress: Mapping[str, Any] | None, front: Mapping[str
         parts.append(f'<div class="error" role="alert" id="job-error">{e(job.error)}</div>')
     if job.note:
         parts.append(f'<p class="note">{e(job.note)}</p>')
+    if metric_note:
+        parts.append(f'<p class="note" id="metric-auto">{e(metric_note)}.</p>')
     if front is not None:
         parts.append('<section id="results"><h2>Pareto front</h2>'
                      + front_section(job, front, trials_done=trials_done, files=files,
@@ -266,7 +279,7 @@ def job_page(job: Any, *, progress: Mapping[str, Any] | None, front: Mapping[str
                  "Finish with the trials it ran).")
         parts.append("<section><h2>From the command line</h2><p class=\"muted\">The same "
                      f"run from a shell (run directory {e(run_dir)}):{later}</p>"
-                     f"{_commands(job, exportable)}</section>")
+                     f"{_commands(job, exportable, export_index(front))}</section>")
     data = {"job": job.id, "state": job.state, "higher": job.higher_is_better,
             "progress": dict(progress) if progress else None,
             "chart": chart_data(front, partial)}

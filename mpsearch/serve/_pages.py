@@ -163,11 +163,14 @@ def jobs_table(jobs: Sequence[Any], summaries: Mapping[str, Mapping[str, str]] |
             f'<td class="best">{e(info.get("best", "-"))}</td>'
             f'<td class="smallest">{e(info.get("smallest", "-"))}</td>'
             f'<td class="recommendation">{e(info.get("recommendation", "-"))}</td>'
+            f'<td class="formats">{e(info.get("formats", "-"))}</td>'
             f'<td class="settings">{e(info.get("settings", "") or "-")}</td>'
+            f'<td class="duration">{e(info.get("duration", "-"))}</td>'
             f"<td>{e(j.created[:19].replace('T', ' '))}</td></tr>")
     head = "".join(f"<th>{h}</th>" for h in (
         "job", "model", "profile", "kind", "trials", "status", "best metric (held-out)",
-        "smallest size", "recommendation", "settings", "created (UTC)"))
+        "smallest size", "recommendation", "recommended formats", "settings", "duration",
+        "created (UTC)"))
     return (f'<table id="jobs"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody>'
             "</table>")
 

@@ -8,10 +8,11 @@ total / elapsed / time left), the search's finished trials, front size and best 
 and an estimate of the whole job across its stages (:func:`overall`).
 
 The overall estimate is honest about what it cannot know: a stage's time is extrapolated only
-from its own finished units; the search's length is an upper bound, because the patience stop
-can end it sooner; stages that have not started have no time until they do (the held-out
-re-measure is estimated from the search's time per trial, as it measures the front's points the
-same way on the held-out split).
+from its own finished units; the search's remaining trials are the budget's, or, under the
+patience rule, the trials until the patience stop if the front keeps still (a change restarts
+that count, so it is "about", never "at most"); stages that have not started have no time until
+they do (the held-out re-measure is estimated from the search's time per trial, as it measures
+the front's points the same way on the held-out split).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from mpsearch.progress import read_last
 from mpsearch.rundir import RunDir
 
 __all__ = ["job_progress", "overall", "pareto", "read_journal", "read_records",
-           "stage_message"]
+           "since_change", "stage_message"]
 
 _MAX_LOG_BYTES = 8 << 20
 _FRONT_POINTS = 12  # the most points the held-out stage re-measures (the search's FRONT_POINTS)
@@ -81,6 +82,17 @@ def pareto(points: Sequence[tuple[float, float]], higher: bool) -> list[tuple[fl
     unique = sorted(set(points), key=lambda p: (p[1], -sign * p[0]))
     kept = nondominated([(m, s, None) for m, s in unique], higher_is_better=higher)
     return [unique[i] for i in kept]
+
+
+def since_change(points: Sequence[tuple[float, float]], higher: bool) -> int:
+    """Complete trials (in order) since the last one that changed the (metric, size) front."""
+    last = -1
+    front: list[tuple[float, float]] = []
+    for i, point in enumerate(points):
+        grown = pareto([*front, point], higher)
+        if grown != front:
+            front, last = grown, i
+    return len(points) - 1 - last
 
 
 def _bar(record: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -152,10 +164,12 @@ def _started(started: str | None, records: Sequence[Mapping[str, Any]]) -> float
 
 def overall(records: Sequence[Mapping[str, Any]], *, kind: str, spec: Mapping[str, Any],
             started: str | None = None, trials_done: int = 0, trials: int | None = None,
-            front_size: int = 0, now: float | None = None) -> dict[str, Any]:
+            front_size: int = 0, since_change: int = 0, now: float | None = None
+            ) -> dict[str, Any]:
     """The whole job's progress as an estimate (module doc): its stages and which one runs,
-    the time elapsed, the time left (None when it cannot be told yet), whether that is an
-    upper bound, and the fraction done (elapsed / (elapsed + left))."""
+    the time elapsed, the time left (None when it cannot be told yet; ``since_change`` is the
+    count of trials since the front last changed), whether that is an upper bound (never: the
+    key stays for the page), and the fraction done (elapsed / (elapsed + left))."""
     now = time.time() if now is None else now
     begin = _started(started, [r for r in records if r.get("time")]) or now
     records = [r for r in records if float(r.get("time", now)) >= begin - 1.0]  # this run's
@@ -175,12 +189,18 @@ def overall(records: Sequence[Mapping[str, Any]], *, kind: str, spec: Mapping[st
             held = float((spec.get("data") or {}).get("held_out", 0.5) or 0.0)
             ratio = max(1.0, held / max(1e-6, 1.0 - held))
             points = min(max(front_size, 1), _FRONT_POINTS)
-            left = rate * (max(0, trials - trials_done) + points * ratio)
-            upper = bool((spec.get("budget") or {}).get("patience", 20))
+            remaining = max(0, trials - trials_done)
+            patience = int((spec.get("budget") or {}).get("patience", 20) or 0)
+            if patience:
+                remaining = min(remaining, max(0, patience - since_change))
+            left = rate * (remaining + points * ratio)
             notes.append("the held-out re-measure is counted as the front's points measured "
                          "like trials")
-            if upper:
-                notes.append("at most: the patience stop can end the search sooner")
+            if patience:
+                notes.append(f"about: the patience stop ends the search {patience} trials "
+                             "after the front last changed (now "
+                             f"{min(since_change, patience)} ago); a change starts the count "
+                             "again")
         else:
             notes.append("the time left shows once a few trials have finished")
     elif current == phases[-1] and current != "per-node analysis" and last is not None:
@@ -228,5 +248,6 @@ def job_progress(run_dir: Path, *, kind: str, trials: int | None,
     left = bar["left"] if bar and bar["stage"] == "search" else None
     out["left"] = left
     out["overall"] = overall(records, kind=kind, spec=spec, started=started,
-                             trials_done=finished, trials=trials, front_size=len(front))
+                             trials_done=finished, trials=trials, front_size=len(front),
+                             since_change=since_change(points, higher_is_better))
     return out

@@ -25,8 +25,10 @@ from mpsearch.serve._frontview import (
     recommendation,
     recommended_index,
     speed_words,
+    stored_words,
 )
 from mpsearch.serve._pages import bytes_text, e
+from mpsearch.serve._targetview import target_section
 
 __all__ = ["front_section", "partial_section"]
 
@@ -41,8 +43,11 @@ def _file(size: int | None) -> str:
 def _latency_cell(entry: Mapping[str, Any], fp32: Mapping[str, Any], front: Mapping[str, Any],
                   batch: bool) -> str:
     ms, spread = latency(entry, batch)
+    stored = stored_words(entry)
     if entry is fp32:
         words: str | None = "the reference" if ms is not None else None
+    elif stored is not None:  # the run's own wording (both batches), never derived again
+        words = None if batch else stored
     else:
         words = speed_words((ms, spread), latency(fp32, batch))
         if ms is None and not batch:
@@ -168,7 +173,7 @@ def front_section(job: Any, front: Mapping[str, Any], *, trials_done: int,
             f'<form method="get" action="/jobs/{job.id}/export" id="export-form">'
             f'<table id="front">{_head(metric, batch)}<tbody id="front-points">{rows}</tbody>'
             '<tbody id="baselines"><tr class="group"><th colspan="11">Baselines (every node '
-            f"in one format)</th></tr>{base}</tbody></table>{beaten}"
+            f"in one format)</th></tr>{base}</tbody></table>{target_section(front)}{beaten}"
             '<button type="submit" id="export-button" class="primary">Download the selected '
             "point's QDQ model</button></form>")
 

@@ -1,10 +1,10 @@
 """The job form of ``mpsearch serve`` -> a search spec YAML in the job's run directory.
 
 Consumes the submitted form fields (kind, profile, data, range method, weight granularity,
-metric, budget) and the uploads they name; produces a frozen :class:`JobConfig` and, in the run
-directory, ``spec.yaml`` (the file the user downloads to rerun the job with
-``mpsearch search spec.yaml``) and, when a weight granularity other than the profile's is
-chosen, ``hw_profile.yaml`` extending the chosen profile. Both are re-read with
+metric, budget, target verification) and the uploads they name; produces a frozen
+:class:`JobConfig` and, in the run directory, ``spec.yaml`` (the file the user downloads to
+rerun the job with ``mpsearch search spec.yaml``) and, when a weight granularity other than the
+profile's is chosen, ``hw_profile.yaml`` extending the chosen profile. Both are re-read with
 :func:`~mpsearch.spec.load_spec` and :func:`~mpsearch.profiles.load_profile`, so the job runs
 exactly what the CLI would. Only built-in metrics are accepted: ``module:function`` metrics
 import Python code and stay CLI-only.
@@ -24,7 +24,8 @@ import yaml
 from mpsearch.errors import MpsearchError
 from mpsearch.rundir import RunDir, atomic_write
 from mpsearch.serve._store import UploadError
-from mpsearch.spec import METHODS
+from mpsearch.serve._targetview import check_verify
+from mpsearch.spec import METHODS, VERIFY
 
 __all__ = ["GRANULARITY_CHOICES", "KINDS", "JobConfig", "cli_commands", "image_options",
            "metric_names", "parse_form", "write_spec"]
@@ -54,6 +55,7 @@ class JobConfig:
     sensitivity_samples: int | None = None
     formats: tuple[str, ...] | None = None
     node_analysis: bool = True
+    verify: str = "none"
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -147,6 +149,11 @@ def parse_form(form: Mapping[str, str], *, model: Path, data: Path, profile: str
     calibration = _int(form, "calibration", 1, 1_000_000, "calibration samples")
     seed = _int(form, "seed", 0, 2**31 - 1, "seed")
     held_out = _float(form, "held_out", 0.0, 0.9, "held-out fraction")
+    verify = _choice(form, "verify", VERIFY, "none", "verify")
+    if verify != "none":
+        from mpsearch import load_profile
+
+        check_verify(verify, load_profile(profile).to_dict())
     return JobConfig(
         kind=_choice(form, "kind", KINDS, "search", "job kind"),
         model=model, data=data, profile=profile,
@@ -162,7 +169,7 @@ def parse_form(form: Mapping[str, str], *, model: Path, data: Path, profile: str
                                  "sensitivity samples"),
         formats=_formats(form, profile),
         node_analysis=_choice(form, "analysis", ("on", "off"), "on", "per-node analysis")
-        == "on",
+        == "on", verify=verify,
     )
 
 
@@ -213,7 +220,7 @@ def write_spec(run_dir: Path, config: JobConfig, *, title: str, name: str | None
         constraints=Constraints(max_metric_drop=config.max_metric_drop),
         budget=Budget(trials=config.trials), seed=config.seed,
         calibration=CalibrationSpec(method=config.method), formats=config.formats,
-        analysis=config.node_analysis, name=name,
+        analysis=config.node_analysis, name=name, verify=config.verify,
     ).with_overrides(sensitivity_samples=config.sensitivity_samples)  # empty: the default
     run = RunDir(run_dir)
     header = (f"# {title}\n# Written by `mpsearch serve`; rerun it from the command line with\n"
@@ -251,7 +258,8 @@ def image_options(fields: Mapping[str, str]) -> dict[str, Any]:
 
 
 def cli_commands(config: JobConfig, run_dir: Path, profile: str) -> tuple[str, ...]:
-    """The command lines that redo the job (``profile`` as written in the spec)."""
+    """The command lines that redo the job (``profile`` as written in the spec); the export
+    line names point ``K``, which the job page replaces with the selected point."""
     q = shlex.quote
     out = q(f"{run_dir}-cli")
     if config.kind == "analysis":
@@ -268,5 +276,5 @@ def cli_commands(config: JobConfig, run_dir: Path, profile: str) -> tuple[str, .
     spec = q(str(run_dir / "spec.yaml"))
     return (f"mpsearch search {spec} --out {out}",
             f"mpsearch search {spec} --out {q(str(run_dir))} --resume",
-            f"mpsearch export {q(str(run_dir))} --point 0 --out model.onnx",
+            f"mpsearch export {q(str(run_dir))} --point K --out model.onnx",
             f"mpsearch report {q(str(run_dir))}")

@@ -14,6 +14,7 @@ by the client's file name, plus the offending source line of a profile).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ import secrets
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -156,6 +157,12 @@ class Store:
                    {"name": name, "file": file, "created": created, "info": dict(info)})
         return self.get(kind, upload_id)
 
+    def _same(self, kind: str, name: str, digest: str,
+              also: Callable[[Upload], bool]) -> Upload | None:
+        """An earlier upload of ``kind`` with the same name and bytes (and ``also``)."""
+        return next((u for u in self.list(kind) if u.name == name
+                     and u.info.get("sha256") == digest and also(u)), None)
+
     def _new_dir(self, kind: str) -> tuple[str, Path]:
         upload_id = new_id()
         folder = self.root / kind / upload_id
@@ -172,11 +179,17 @@ class Store:
         path = folder / "model.onnx"
         with _removed_on_failure(folder, shown):
             copy_limited(src, path, self.max_upload_bytes)
+            digest = _sha256(path)
+            same = self._same("models", shown, digest, lambda u: True)
+            if same is not None:  # the same file under the same name: one entry
+                shutil.rmtree(folder, ignore_errors=True)
+                return same
             summary = _elsewhere("model", {"path": str(path)})
             write_json(folder / "summary.json", summary)
         info = {"params": summary["params"], "flops": summary["flops"],
                 "nodes": len(summary["nodes"]), "graph": summary["model"],
-                "weight_bytes": summary["weight_bytes"], "file_bytes": path.stat().st_size}
+                "weight_bytes": summary["weight_bytes"], "file_bytes": path.stat().st_size,
+                "sha256": digest}
         if bundled:
             info["bundled"] = bundled
         return self._commit("models", upload_id, shown, "model.onnx", info)
@@ -217,12 +230,20 @@ class Store:
             if kind == "zip":
                 ImageOptions.from_dict(images or {})  # a bad option is refused before upload
             copy_limited(src, raw, self.max_upload_bytes)
+            digest = _sha256(raw)
+            same = self._same("data", shown, digest, lambda u: u.info.get("model") == model.id
+                              and u.info.get("images", {}) == dict(images or {}
+                                                                   if kind == "zip" else {}))
+            if same is not None:  # the same file for the same model: one entry
+                shutil.rmtree(folder, ignore_errors=True)
+                return same
             info = _elsewhere("data", {"raw": str(raw), "target": str(target), "kind": kind,
                                        "images": dict(images or {}),
                                        "model": str(model.path)})
             if raw != target:
                 raw.unlink()
         info["model"] = model.id
+        info["sha256"] = digest
         if bundled:
             info["bundled"] = shown
         if suffix == "zip":
@@ -243,6 +264,14 @@ class Store:
             if model is None:
                 raise UploadError("choose a model before its data")
             return self.add_data(f, name, model, bundled=True)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _elsewhere(mode: str, request: dict[str, Any]) -> dict[str, Any]:

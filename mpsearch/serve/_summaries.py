@@ -2,16 +2,18 @@
 
 Consumes a job's run directory (``spec.yaml``, ``front.json``, ``curve.json``,
 ``sensitivity.json``; whichever exist); produces plain dicts of short texts: the settings that
-tell runs apart (range method, metric, held-out share, calibration samples, analysis), and the
-results (the best held-out metric and the smallest size on the shown front, the
-recommendation), or an analysis job's headline numbers (FP32 against every node quantized,
-the most sensitive nodes). Files are re-read only when they change.
+tell runs apart (range method, metric and what "auto" became, held-out share, calibration
+samples, seed, analysis), the job's duration, and the results (the best held-out metric and the
+smallest size on the shown front, the recommendation and its point's formats), or an analysis
+job's headline numbers (FP32 against every node quantized, the most sensitive nodes). Files are
+re-read only when they change.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from mpsearch.rundir import RunDir, read_json
 from mpsearch.serve._frontview import is_shown, recommendation
 from mpsearch.serve._pages import bytes_text
 
-__all__ = ["analysis_headline", "job_summary"]
+__all__ = ["analysis_headline", "job_summary", "metric_note"]
 
 _CACHE: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
 _LOCK = threading.Lock()
@@ -39,19 +41,37 @@ def _stamp(paths: tuple[Path, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _settings(run: RunDir) -> str:
+def _spec(run: RunDir) -> dict[str, Any]:
     try:
         spec = yaml.safe_load(run.spec_yaml.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
-        return ""
-    if not isinstance(spec, dict):
+        return {}
+    return spec if isinstance(spec, dict) else {}
+
+
+def metric_note(run_dir: Path, measured: str | None) -> str | None:
+    """What ``metric: auto`` became, when the spec left the metric to the data: "metric auto
+    became agreement: the data has no labels ..." (None when the spec named one)."""
+    if _spec(RunDir(run_dir)).get("metric") or not measured:
+        return None
+    if measured == "agreement":
+        return ("metric auto became agreement: the data has no labels, so the quantized "
+                "model is scored by how often its top-1 class matches FP32's")
+    return f"metric auto became {measured} (the data has labels)"
+
+
+def _settings(run: RunDir, measured: str | None = None) -> str:
+    spec = _spec(run)
+    if not spec:
         return ""
     data = spec.get("data") or {}
     evaluation = spec.get("evaluation") or {}
+    auto = f"metric auto: {measured}" if measured else "metric auto"
     words = [str((spec.get("calibration") or {}).get("method", "minmax")),
-             str(spec.get("metric") or "metric auto"),
+             str(spec.get("metric") or auto),
              f"held-out {data.get('held_out', '-')}",
-             f"{data.get('calibration', '-')} calibration samples"]
+             f"{data.get('calibration', '-')} calibration samples",
+             f"seed {spec.get('seed', 0)}"]
     if "latency" in (spec.get("objectives") or ()):
         words.append("latency objective")
     if spec.get("analysis") is False:
@@ -61,10 +81,33 @@ def _settings(run: RunDir) -> str:
     return ", ".join(words)
 
 
+def _formats(front: Mapping[str, Any]) -> str:
+    """The recommended point's formats ("point 3: int16 14, int8 7"), "-" without one."""
+    k = front.get("recommended")
+    points = front.get("points") or ()
+    if not isinstance(k, int) or not 0 <= k < len(points):
+        return "-"
+    counts = points[k].get("counts") or {}
+    return (f"point {points[k].get('index', k)}: "
+            + ", ".join(f"{f} {n}" for f, n in sorted(counts.items())))
+
+
+def _duration(job: Any) -> str:
+    """Wall-clock time from start to end of the job's last run ("-" before it ends)."""
+    try:
+        seconds = (datetime.fromisoformat(job.finished)
+                   - datetime.fromisoformat(job.started)).total_seconds()
+    except (TypeError, ValueError):
+        return "-"
+    minutes, rest = divmod(max(0, round(seconds)), 60)
+    return f"{minutes}:{rest:02d}"
+
+
 def _front(front: Mapping[str, Any]) -> dict[str, str]:
     points = [p for p in front.get("points") or () if isinstance(p, Mapping) and is_shown(p)]
     if not points:
-        return {"best": "-", "smallest": "-", "recommendation": recommendation(front) or "-"}
+        return {"best": "-", "smallest": "-", "recommendation": recommendation(front) or "-",
+                "formats": _formats(front)}
     higher = bool(front.get("higher_is_better", True))
     best = (max if higher else min)(float(p["metric"]) for p in points)
     smallest = min(points, key=lambda p: int(p["size"]))
@@ -72,7 +115,7 @@ def _front(front: Mapping[str, Any]) -> dict[str, str]:
     return {"best": f"{metric} {best:.4f}",
             "smallest": f"{bytes_text(int(smallest['size']))} ({metric} "
                         f"{float(smallest['metric']):.4f})",
-            "recommendation": recommendation(front) or "-"}
+            "recommendation": recommendation(front) or "-", "formats": _formats(front)}
 
 
 def analysis_headline(run_dir: Path) -> dict[str, Any] | None:
@@ -128,13 +171,18 @@ def job_summary(job: Any, run_dir: Path) -> dict[str, str]:
         cached = _CACHE.get(key)
     if cached is not None:
         return dict(cached)
-    out = {"settings": _settings(run), "best": "-", "smallest": "-", "recommendation": "-"}
+    out = {"settings": _settings(run), "best": "-", "smallest": "-", "recommendation": "-",
+           "formats": "-", "duration": _duration(job)}
     if job.state == "done" and job.kind == "search":
         front = read_json(run.front_json)
         if isinstance(front, dict):
             out.update(_front(front))
+            out["settings"] = _settings(run, str(front.get("metric") or "") or None)
     elif job.state == "done":
         out.update(_analysis(run_dir))
+        head = analysis_headline(run_dir)
+        if head is not None and head.get("metric"):
+            out["settings"] = _settings(run, str(head["metric"]))
     with _LOCK:
         if len(_CACHE) > _MAX_CACHED:  # stale versions of changed files
             _CACHE.clear()

@@ -141,6 +141,8 @@
     var radio = $("point-" + k);
     if (!radio) return;
     radio.checked = true;
+    var named = $("export-point");  // the command line exports the selected point
+    if (named) named.textContent = k;
     document.querySelectorAll("tr.selected").forEach(function (r) { r.classList.remove("selected"); });
     var row = $("row-" + k);
     if (row) {
@@ -190,19 +192,39 @@
     ];
     var sizes = pick(c.points, "size").concat(pick(c.marks, "size"));
     var wide = Math.max.apply(null, sizes) / Math.max(1, Math.min.apply(null, sizes)) > 20;
+    // The y axis fits the data (plotly widens one repeated value to about +-0.7).
+    var ys = pick(c.points, "metric").concat(pick(c.marks, "metric"));
+    var y0 = Math.min.apply(null, ys), y1 = Math.max.apply(null, ys);
+    var pad = Math.max((y1 - y0) * 0.12, Math.abs(y1) * 0.005, 1e-6);
+    var yrange = [y0 - pad, y1 + pad];
+    // Baselines at (nearly) one place share one label instead of printing over each other.
+    var x0 = Math.min.apply(null, sizes), x1 = Math.max.apply(null, sizes);
+    function near(a, b) {
+      var dx = wide ? Math.abs(Math.log(a.size / b.size)) / Math.max(1e-9, Math.log(x1 / x0))
+                    : Math.abs(a.size - b.size) / Math.max(1, x1 - x0);
+      return dx < 0.08 && Math.abs(a.metric - b.metric) < 0.08 * (yrange[1] - yrange[0]);
+    }
+    var texts = c.marks.map(function (m) { return m.label; });
+    c.marks.forEach(function (m, i) {
+      for (var j = 0; j < i; j++) {
+        if (texts[j] !== "" && near(c.marks[j], m)) { texts[j] += " / " + m.label; texts[i] = ""; return; }
+      }
+    });
+    traces[1].text = texts;
     Plotly.newPlot(box, traces, {
       height: 380, margin: {l: 64, r: 10, t: 10, b: 48}, hovermode: "closest",
-      xaxis: {title: {text: c.x}, type: wide ? "log" : "linear"}, yaxis: {title: {text: c.y}},
+      xaxis: {title: {text: c.x}, type: wide ? "log" : "linear"},
+      yaxis: {title: {text: c.y}, range: yrange},
       legend: {orientation: "h", y: -0.22}
     }, {displaylogo: false, responsive: true, modeBarButtonsToRemove: ["select2d", "lasso2d"]});
     box.on("plotly_click", function (ev) {
       var pt = ev.points && ev.points[0];
       if (pt && pt.customdata !== undefined && pt.customdata !== null) selectPoint(pt.customdata, true);
     });
-    document.querySelectorAll("input[name=point]").forEach(function (r) {
-      r.addEventListener("change", function () { selectPoint(+r.value, false); });
-    });
   }
+  document.querySelectorAll("input[name=point]").forEach(function (r) {
+    r.addEventListener("change", function () { selectPoint(+r.value, false); });
+  });
   function partialChart(box, c) {
     function xs(ps) { return ps.map(function (p) { return p[1]; }); }
     function ys(ps) { return ps.map(function (p) { return p[0]; }); }

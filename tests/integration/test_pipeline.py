@@ -111,7 +111,7 @@ def test_report_views_are_bounded_and_say_so(searched: SearchRun) -> None:
     html = write_report(searched.run_dir).read_text()
     assert "Subsets and shortcuts: every configuration measured on the first 64 of " in html
     assert "configurations ran only the nodes they change" in html
-    assert "reverse view: the 16 most sensitive of 36 nodes" in html
+    assert f"reverse view: the {REPORT_VIEW_NODES} most sensitive of {nodes} nodes" in html
     header = html[:html.index("<nav>")]  # title and the run line: names, never folders
     assert "<title>mpsearch report: demo.onnx</title>" in header
     assert str(DEMO_MODEL.parent) not in header and str(searched.run_dir) not in header

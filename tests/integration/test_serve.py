@@ -137,7 +137,7 @@ def test_bundled_model_shows_its_summary_profile_and_form(client: TestClient,
     assert plotly.status_code == 200 and plotly.headers["content-type"].startswith(
         "text/javascript") and b"plotly.js v" in plotly.content[:400]
     assert '<span class="tag">demo</span>' in client.get("/").text
-    for expected in ("30,866", "Conv", "GlobalAveragePool", "Heaviest nodes", "FLOPs",
+    for expected in ("34,376", "Conv", "GlobalAveragePool", "Heaviest nodes", "FLOPs",
                      'data-profile="x86_ort"', "uint8 asym per-tensor", "Op rules",
                      'value="bundled:demo_data.npz"', 'id="run-search"', 'value="entropy"'):
         assert expected in html, expected
@@ -184,9 +184,11 @@ def test_uploaded_model_steps_confirmation_and_job_names(client: TestClient,
     jobs = client.get("/").text.split('id="jobs"')[1]
     assert "<th>profile</th><th>kind</th><th>trials</th><th>status</th>" in jobs
     assert "<td>x86_ort</td><td>search</td><td>3</td>" in jobs
-    assert "<th>best metric (held-out)</th><th>smallest size</th><th>recommendation</th>" in jobs
+    assert ("<th>best metric (held-out)</th><th>smallest size</th><th>recommendation</th>"
+            "<th>recommended formats</th><th>settings</th><th>duration</th>") in jobs
     assert ('<td class="settings">minmax, metric auto, held-out 0.5, 48 calibration samples, '
-            "32 sensitivity samples</td>") in jobs
+            "seed 0, 32 sensitivity samples</td>") in jobs
+    assert '<td class="duration">-</td>' in jobs  # not finished yet
     assert "bundled:" not in page  # no data offered that was not made for this model
     info = client.get(f"/api/models/{model}").json()["info"]
     assert info["file_bytes"] == tiny[0].stat().st_size and info["weight_bytes"] == 4 * 426
@@ -217,8 +219,16 @@ def test_model_summary_json_and_profile_card(client: TestClient, tiny: tuple[Pat
         "zero point 0" in card
     # no Python dict or list reprs (an apostrophe in the profile's own prose is fine)
     assert "{" not in card and "[&#x27;" not in card and "&#x27;: " not in card
+    # qnn_htp names a toolchain: the verify choice, bound to the job form, and its status
+    # (onnxruntime-qnn is installed with the qnn extra, so every choice is enabled)
+    assert '<div id="target-verify" data-toolchain="qnn">' in card
+    assert '<select name="verify" id="verify" form="job-form">' in card
+    assert '<span class="ok" id="toolchain-status">installed</span>' in card
+    assert [v for v in ("none", "front", "toolchain") if f'<option value="{v}"' in card] == [
+        "none", "front", "toolchain"] and " disabled" not in card
     x86 = client.get("/profiles/card", params={"ref": "shipped:x86_ort"}).text
     assert "relative cost: int8 unknown" in x86 and "{" not in x86
+    assert 'id="no-toolchain"' in x86 and 'name="verify"' not in x86
     assert "neither a shipped profile" in client.get("/profiles/card",
                                                      params={"ref": "shipped:../x"}).text
     assert "shipped:x86_ort" in client.get("/api/profiles").json()["profiles"]
@@ -396,7 +406,9 @@ def test_job_form_refuses_code_and_bad_values(client: TestClient, tiny: tuple[Pa
              "method": ("magic", "range method 'magic' is not one of"),
              "formats": ("int4", "not in profile 'x86_ort'"),
              "granularity": ("per_row", "weight granularity"),
-             "analysis": ("maybe", "per-node analysis 'maybe'")}
+             "analysis": ("maybe", "per-node analysis 'maybe'"),
+             "verify": ("front", "verify 'front' needs a profile that names a target "
+                                 "toolchain; profile 'x86_ort' names none")}
     for key, (value, expected) in cases.items():
         response = client.post(url, data={**QUICK, "data": data, key: value}, headers=JSON)
         assert response.status_code in (400, 404), key
@@ -600,6 +612,9 @@ def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
     assert "granularity: per_tensor" in client.get(f"/jobs/{job}/hw_profile.yaml").text
     page = client.get(f"/jobs/{job}").text
     assert 'id="front"' in page and 'iframe id="report"' in page and "--resume" in page
+    assert ('<p class="note" id="cpu-numbers">These are ONNX Runtime numbers on this '
+            "machine's CPU: no target toolchain verified this search") in page
+    assert 'id="on-target"' not in page
     assert page.index('id="results"') < page.index('iframe id="report"')  # the front first
     front = json.loads((run_dir / "front.json").read_text())
     shown = [p for p in front["points"] if p.get("shown", not p.get("dominated", False))]
@@ -665,13 +680,21 @@ def _check_front_fields(client: TestClient, job: str, path: Path) -> None:
     last = len(points) - 1
     for p in points:  # the real search's own flags replaced: only point 0 is hidden here
         p.update(shown=True, beaten_by=None)
-    points[0].update(shown=False, beaten_by="uniform int8")
+    points[0].update(shown=False, beaten_by="uniform int8",
+                     latency_words="1.50x faster than FP32 (as the search words it)")
     for p in points:
         p["latency_ms_interval"] = [p["latency_ms"] * 0.9, p["latency_ms"] * 1.1]
     fp32_ms = front["fp32"]["latency_ms"]
     front["fp32"]["latency_ms_interval"] = [fp32_ms * 0.95, fp32_ms * 1.05]
     points[last]["latency_ms"] = fp32_ms * 1.02  # the spreads overlap: no speed claimed
     points[last]["latency_ms_interval"] = [fp32_ms * 0.97, fp32_ms * 1.08]
+    target = points[last]["metric"] - 0.0125  # as a `verify: front` run writes it
+    points[last].update(target_metric=target, target_cost={"cycles": 123456.0},
+                        target_placement={"toolchain": "qnn", "version": "onnxruntime-qnn 2.7.0",
+                                          "nodes": 7, "on_accelerator": 6,
+                                          "fallback": [{"node": "/Flatten",
+                                                        "reason": "not supported"}],
+                                          "settings": {"htp_arch": 73}})
     front.update(recommended=last, recommendation=f"deploy point {last}: checked text",
                  stopped="the front did not change in the last 20 trials")
     path.write_text(json.dumps(front))
@@ -685,10 +708,24 @@ def _check_front_fields(client: TestClient, job: str, path: Path) -> None:
             "in the last 20 trials</p>") in page
     assert f'value="{last}" id="point-{last}" checked>' in page
     assert page.count(" checked>") == 1  # one point preselected
+    # the command line exports the recommended point (the script follows the selection)
+    assert f'--point <span id="export-point">{last}</span> --out model.onnx' in page
+    # the point run on the target: both metrics, its placement and the toolchain's cost
+    on_target = page.split('<section id="on-target">')[1].split("</section>")[0]
+    assert "<b>qnn</b> (onnxruntime-qnn 2.7.0; htp_arch 73)" in on_target
+    assert (f'<tr data-point="{last}"><td>{last}</td><td class="ort">'
+            f'{points[last]["metric"]:.4f}</td><td class="target-metric">{target:.4f}</td>'
+            '<td>-0.0125</td><td class="placement">6 of 7 on the accelerator, 1 on the CPU'
+            '</td><td class="cost">cycles 123,456</td><td class="fallback">/Flatten: not '
+            "supported</td></tr>") in on_target
+    assert 'id="cpu-numbers"' not in page
     table = page.split('<tbody id="front-points">')[1].split("</tbody>")[0]
     hidden = page.split('<table id="hidden">')[1].split("</table>")[0]
     assert 'id="row-0"' not in table and 'id="row-0"' in hidden
     assert '<td class="beaten-by">uniform int8</td>' in hidden
+    # a point's latency wording as the run wrote it, not derived again
+    assert '<small class="words">1.50x faster than FP32 (as the search words it)</small>' \
+        in hidden
     row = table.split(f'id="row-{last}"')[1].split("</tr>")[0]
     low, high = fp32_ms * 0.97, fp32_ms * 1.08
     assert (f'{fp32_ms * 1.02:.3g} ms <span class="spread">[{low:.3g}–{high:.3g}]</span>'
@@ -732,8 +769,9 @@ def test_progress_is_read_as_data(tmp_path: Path) -> None:
 
 def test_overall_progress_is_an_honest_estimate() -> None:
     """The whole job's estimate: stages in order, the search's time left from its own trials
-    (an upper bound under patience, the held-out re-measure counted), none before it starts."""
-    from mpsearch.serve._progress import overall
+    (the trials until the patience stop if the front keeps still, the held-out re-measure
+    counted; "about", never "at most"), none before it starts."""
+    from mpsearch.serve._progress import overall, since_change
 
     spec = {"analysis": False, "seeding": True, "data": {"held_out": 0.5},
             "budget": {"patience": 20}}
@@ -753,15 +791,23 @@ def test_overall_progress_is_an_honest_estimate() -> None:
                 {"stage": "search", "done": 30, "total": 100, "elapsed": 10.0,
                  "time": t0 + 20}]
     mid = overall(records, kind="search", spec=spec, started="1970-01-01T00:16:40+00:00",
-                  trials_done=30, trials=100, front_size=4, now=t0 + 20)
-    # 0.5 s a trial: 70 trials left, then 4 front points re-measured on as many samples
-    assert mid["index"] == 2 and mid["left"] == pytest.approx(0.5 * (70 + 4))
-    assert mid["upper"] is True and mid["fraction"] == pytest.approx(20 / (20 + 37))
-    assert "at most: the patience stop can end the search sooner" in mid["notes"]
+                  trials_done=30, trials=100, front_size=4, since_change=5, now=t0 + 20)
+    # 0.5 s a trial: the front last changed 5 trials ago, so the patience stop (20) comes in
+    # 15 trials if it keeps still; then 4 front points re-measured on as many samples
+    assert mid["index"] == 2 and mid["left"] == pytest.approx(0.5 * (15 + 4))
+    assert mid["upper"] is False and mid["fraction"] == pytest.approx(20 / (20 + 9.5))
+    assert ("about: the patience stop ends the search 20 trials after the front last changed "
+            "(now 5 ago); a change starts the count again") in mid["notes"]
+    near_end = overall(records, kind="search", spec=spec, started="1970-01-01T00:16:40+00:00",
+                       trials_done=95, trials=100, front_size=4, since_change=0, now=t0 + 20)
+    assert near_end["left"] == pytest.approx(0.5 * (5 + 4))  # the budget ends it first
     no_patience = overall(records, kind="search", spec={**spec, "budget": {"patience": 0}},
                           started="1970-01-01T00:16:40+00:00", trials_done=30, trials=100,
-                          front_size=4, now=t0 + 20)
-    assert no_patience["upper"] is False
+                          front_size=4, since_change=5, now=t0 + 20)
+    assert no_patience["upper"] is False and no_patience["left"] == pytest.approx(0.5 * 74)
+    assert since_change([(0.9, 100.0), (0.8, 50.0), (0.7, 80.0), (0.85, 60.0), (0.6, 90.0)],
+                        higher=True) == 1  # (0.85, 60) joined the front; (0.6, 90) did not
+    assert since_change([], higher=True) == 0
     resumed = overall(records, kind="search", spec=spec,  # an older run's records: ignored
                       started="1970-01-01T00:17:05+00:00", trials=100, now=t0 + 27)
     assert (resumed["index"], resumed["elapsed"], resumed["left"]) == (0, 2.0, None)
@@ -879,3 +925,19 @@ def test_hostile_corpus_uploads_get_a_readable_4xx(client: TestClient, tiny: tup
     work = tmp_path / "work"
     assert len(_left(work, "models")) == (0 if kind == "model" else 1)  # the tiny model only
     assert _left(work, "data") == [] and _left(work, "profiles") == []
+
+
+def test_the_same_upload_twice_is_one_entry(client: TestClient, tiny: tuple[Path, Path],
+                                            tmp_path: Path) -> None:
+    """The same file under the same name is stored once (models, and data for one model);
+    another name or another model is another entry."""
+    model = _model(client, tiny[0])
+    assert _model(client, tiny[0]) == model
+    renamed = _upload(client, "/models", "other.onnx", tiny[0].read_bytes())
+    assert renamed.status_code == 201 and renamed.json()["id"] != model
+    data = _data(client, model, tiny[1])
+    assert _data(client, model, tiny[1]) == data
+    assert _data(client, str(renamed.json()["id"]), tiny[1]) != data
+    uploads = tmp_path / "work" / "uploads"
+    assert len(list((uploads / "models").iterdir())) == 2
+    assert len(list((uploads / "data").iterdir())) == 2

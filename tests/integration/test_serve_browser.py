@@ -382,7 +382,7 @@ def test_newcomer_path_demo_to_exported_model(server: str, tmp_path: Path, chrom
     heads = page.locator("#jobs thead th").all_text_contents()
     assert heads == ["job", "model", "profile", "kind", "trials", "status",
                      "best metric (held-out)", "smallest size", "recommendation",
-                     "settings", "created (UTC)"], heads
+                     "recommended formats", "settings", "duration", "created (UTC)"], heads
     row = page.locator("#jobs tbody tr").first
     cells = row.locator("td").all_text_contents()
     best = max(q["metric"] for q in front["points"] if q["index"] in shown)
@@ -392,8 +392,13 @@ def test_newcomer_path_demo_to_exported_model(server: str, tmp_path: Path, chrom
     assert cells[6] == f"accuracy {best:.4f}"
     assert cells[7].startswith(bytes_text(smallest["size"]))
     assert cells[8] != "-", cells
-    assert cells[9] == ("minmax, metric auto, held-out 0.5, 64 calibration samples, "
-                        "latency objective, no per-node analysis"), cells
+    if front.get("recommended") is not None:  # the recommended point's formats
+        chosen = front["points"][front["recommended"]]
+        assert cells[9] == f"point {chosen['index']}: " + ", ".join(
+            f"{f} {n}" for f, n in sorted(chosen["counts"].items())), cells
+    assert cells[10] == ("minmax, metric auto: accuracy, held-out 0.5, 64 calibration "
+                         "samples, seed 0, latency objective, no per-node analysis"), cells
+    assert re.fullmatch(r"\d+:\d\d", cells[11]), cells
     _shot(page, tmp_path, "07-jobs.png", full=True)
     assert errors == [], errors
     assert outside == [], f"requests left the server: {outside[:5]}"
@@ -408,3 +413,60 @@ def test_newcomer_path_demo_to_exported_model(server: str, tmp_path: Path, chrom
     accuracy = float(np.mean(np.argmax(logits, axis=1) == held.labels))
     assert f"{accuracy:.4f}" == metric_text
     assert shown_file == bytes_text(exported.stat().st_size)
+
+
+def test_qnn_target_path_and_one_recommendation_wording(server: str, tmp_path: Path,
+                                                        chromium: Any) -> None:
+    """The demo searched for qnn_htp with the front verified on the QNN HTP emulator
+    (onnxruntime-qnn, the qnn extra): the form offers verify and says the toolchain is
+    installed; the results show each point's placement and target metric beside ONNX
+    Runtime's, as front.json holds them; the recommendation reads the same on the page and in
+    the report."""
+    errors: list[str] = []
+    page = chromium.new_page()
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{server}/?token={TOKEN}")
+    page.click("#open-demo")
+    page.wait_for_url("**/models/*")
+    page.wait_for_selector("#no-toolchain")  # x86_ort, the suggestion, names no toolchain
+    page.select_option("#profile-select", "shipped:qnn_htp")
+    page.wait_for_selector("#target-verify[data-toolchain='qnn']")
+    assert page.text_content("#toolchain-status") == "installed"
+    page.select_option("#verify", "front")
+    page.fill("#trials", "3")
+    page.fill("#calibration", "64")
+    page.fill("#sensitivity_samples", "32")
+    page.select_option("#analysis", "off")
+    page.click("#run-search")
+    page.wait_for_url("**/jobs/*")
+    job_url = page.url
+    assert (page.text_content("h1") or "").endswith(" on qnn_htp, 3 trials")
+    page.wait_for_selector("#front", timeout=JOB_TIMEOUT_MS)
+    assert (page.text_content("#job-state") or "").startswith("done")
+    run_dir = tmp_path / "work" / "runs" / job_url.rsplit("/", 1)[1]
+    assert "verify: front" in (run_dir / "spec.yaml").read_text()
+    front = json.loads((run_dir / "front.json").read_text())
+    verified = [p for p in front["points"] if p.get("target_placement")]
+    assert verified, [p.get("target_failure") for p in front["points"]]
+    assert page.locator("#cpu-numbers").count() == 0
+    rows = page.locator("#target-table tbody tr")
+    assert rows.count() == len(verified)
+    for p in verified:
+        row = page.locator(f"#target-table tr[data-point='{p['index']}']")
+        placed = p["target_placement"]
+        on, nodes = placed["on_accelerator"], placed["nodes"]
+        assert row.locator("td.placement").text_content() == (
+            f"{on} of {nodes} on the accelerator, {nodes - on} on the CPU")
+        assert row.locator("td.ort").text_content() == f"{p['metric']:.4f}"
+        assert row.locator("td.target-metric").text_content() == f"{p['target_metric']:.4f}"
+        assert "cycles" in (row.locator("td.cost").text_content() or "")
+    assert any(p["target_placement"]["on_accelerator"] > 0 for p in verified)
+    _shot(page, tmp_path, "08-qnn-target.png", full=True)
+
+    # one wording: the page and the report print front.json's recommendation as it is
+    wording = front["recommendation"]
+    assert wording
+    assert page.text_content("#recommendation") == f"Recommendation: {wording}"
+    report = page.frame_locator("iframe#report")
+    assert report.locator("#recommendation").text_content() == wording
+    assert errors == [], errors

@@ -270,13 +270,13 @@ def test_unknown_settings_and_toolchains_are_refused(tmp_path: Path) -> None:
     assert load_profile("qnn_htp").toolchain == ToolchainRef(name="qnn", settings=SETTINGS)
 
 
-def _demo_spec(tmp_path: Path, verify: str, trials: int = 4) -> Path:
+def _demo_spec(tmp_path: Path, verify: str, trials: int = 4, extra: str = "") -> Path:
     spec = tmp_path / "demo_qnn.yaml"
     spec.write_text(
         f"model: {DEMO_MODEL}\nprofile: qnn_htp\n"
         f"data: {{source: {DEMO_DATA}, calibration: 128, held_out: 0.5, seed: 0}}\n"
         "metric: accuracy\nobjectives: [metric, size]\nbudget: {trials: " + str(trials) + "}\n"
-        f"analysis: false\nseed: 0\nverify: {verify}\n")
+        f"analysis: false\nseed: 0\nverify: {verify}\n{extra}")
     return spec
 
 
@@ -291,7 +291,11 @@ def test_verified_search_reports_the_emulators_metric_and_exports_a_binary_that_
     from mpsearch.pipeline._prepare import _splits
     from mpsearch.spec import load_spec
 
-    spec = load_spec(_demo_spec(tmp_path, "toolchain"))
+    # The demo's uniform INT8 (its stream outliers leave a few 8-bit levels, about 14 points
+    # below FP32) is left off the front: there the HTP's 8-bit kernels and the CPU EP's differ
+    # by a few points (see the uniform test above); every deployable point is held to 0.02.
+    spec = load_spec(_demo_spec(tmp_path, "toolchain",
+                                extra="constraints: {max_metric_drop: 0.05}\n"))
     run = search_run(spec, tmp_path / "run")
     assert run.front.points
     held = _splits(prepare(spec), spec)[1]

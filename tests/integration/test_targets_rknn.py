@@ -1,6 +1,6 @@
 """RKNN-Toolkit2 adapter, against the real toolkit and its x86 simulator (rk3588).
 
-Our QDQ exports of the demo and of the fixtures are compiled in the toolkit's own pinned
+Our QDQ exports of the ShuffleNet and other fixtures are compiled in the toolkit's own pinned
 environment (``python -m mpsearch.targets.rknn_env``); placements are read from the toolkit's
 layer table and checked against its raw log lines, and the simulator's outputs are compared
 with ONNX Runtime's on the same QDQ file. The environment missing is a skip whose reason says
@@ -20,12 +20,16 @@ import pytest
 from _paths import FIXTURES
 
 from mpsearch import make_assignment, uniform_assignment
-from mpsearch.demo import DEMO_DATA, DEMO_MODEL
 from mpsearch.pipeline import Prepared, prepare_inputs
 from mpsearch.targets import Compiled, RknnToolchain, TargetError
 from mpsearch.targets._rknn_table import parse_layers, plain_float
 
 pytestmark = pytest.mark.slow  # whole searches, servers, browsers, toolchains
+
+# "The demo" of these tests: the ShuffleNet fixture the bundled demo was built from until it
+# became a residual CNN. They read each Conv's own row of the toolkit's layer table, which the
+# toolkit merges into one row where a Conv feeds a residual Add.
+DEMO_MODEL, DEMO_DATA = FIXTURES / "shufflenet.onnx", FIXTURES / "digits_eval.npz"
 
 TOOLCHAIN = RknnToolchain()
 MISSING = TOOLCHAIN.missing()

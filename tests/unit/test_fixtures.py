@@ -130,9 +130,13 @@ def _exact_accuracy(model: onnx.ModelProto, x: np.ndarray, y: np.ndarray) -> flo
                                    providers=["CPUExecutionProvider"])
     (ort_logits,) = session.run(["logits"], {"input": x})
     # Both round x / scale half-to-even, but ORT's 16-bit QuantizeLinear may land a tie on the
-    # other side: a handful of logits then differ by a step, never a prediction.
+    # other side, never a prediction. On the demo's stream, whose per-tensor ranges the same
+    # constant channel sets, an Add of two tensors on (nearly) one grid lands on ties often:
+    # a 16-bit build then differs on many logits, each by about one 16-bit step (< 0.2 % of the
+    # logits' range); an 8-bit step is 256x coarser, so an 8-bit build differs on a handful.
     differs = ~np.isclose(ort_logits, numpy_logits, rtol=1e-5, atol=1e-5)
-    assert differs.mean() <= 0.01
+    step_level = np.abs(ort_logits - numpy_logits).max() <= 2e-3 * np.abs(numpy_logits).max()
+    assert differs.mean() <= 0.01 or step_level
     assert (ort_logits.argmax(1) == numpy_logits.argmax(1)).all()
     return float((numpy_logits.argmax(1) == y).mean())
 
@@ -141,7 +145,7 @@ def _exact_accuracy(model: onnx.ModelProto, x: np.ndarray, y: np.ndarray) -> flo
 def test_demo_int8_loss_is_quantization_error_on_every_cpu() -> None:
     """Our own uniform INT8 of the demo (x86_ort: full-range int8 weights, per-tensor uint8
     activations) loses >= 5 points in NumPy fake quantization, which no CPU's integer kernels
-    enter; 16-bit activations on the four outlier tensors alone win it back at INT8 size."""
+    enter; 16-bit activations on the residual stream alone win them back at INT8 size."""
     from mpsearch import build_qdq, make_assignment, model_size, uniform_assignment
     from mpsearch.demo import DEMO_DATA, DEMO_MODEL
     from mpsearch.pipeline import prepare_inputs
@@ -155,11 +159,13 @@ def test_demo_int8_loss_is_quantization_error_on_every_cpu() -> None:
     int8_accuracy = _exact_accuracy(build_qdq(graph, table, profile, int8), x, y)
     assert fp32 - int8_accuracy >= 0.05
 
-    outlier_nodes = {node for block in (3, 4, 5, 6) for node in (
-        f"/features/features.{block}/branch2/branch2.0/Conv",
-        f"/features/features.{block}/branch2/branch2.2/Relu",
-        f"/features/features.{block}/branch2/branch2.3/Conv")}
-    a16 = make_assignment(graph, profile, {**int8, **dict.fromkeys(outlier_nodes, "int16")})
+    # Every node that reads or writes the stream: all but the ReLU inside each residual block
+    # (an int8 conv1 would read the stream through its own 8-bit Q/DQ).
+    inner = {f"/blocks/blocks.{b}/Relu" for b in (0, 2, 4)}
+    quantized = {node for node, fmt in int8.items() if fmt == "int8"}
+    stream = quantized - inner
+    assert len(stream) == len(quantized) - 3
+    a16 = make_assignment(graph, profile, {**int8, **dict.fromkeys(stream, "int16")})
     assert _exact_accuracy(build_qdq(graph, table, profile, a16), x, y) >= fp32 - 0.01
     assert model_size(graph, profile, a16) <= 1.01 * model_size(graph, profile, int8)
 
