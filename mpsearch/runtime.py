@@ -52,9 +52,8 @@ def _memory_pool() -> None:
             return
         info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0,
                                  ort.OrtMemType.DEFAULT)
-        # no size limit; grown by what a run asks (kSameAsRequested), not to the next power of
-        # two, which doubled the pool of a large batch; ORT's default first chunk and dead bytes
-        ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, 1, -1, -1))
+        # no size limit; ORT's default extend strategy, first chunk and dead-bytes limit
+        ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))
         _pool_ready = True
 
 
