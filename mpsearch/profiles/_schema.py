@@ -44,11 +44,12 @@ TOP_KEYS = ("schema", "name", "extends", "description", "versions", "sources", "
             "transition_cost", "memory_budget_bytes", "runtime", "toolchain", "unknowns")
 REQUIRED_TOP = ("description", "versions", "sources", "formats", "default_format", "fallback",
                 "op_rules", "transition_cost", "memory_budget_bytes")
-FORMAT_KEYS = ("activation", "weight", "bias", "executes", "relative_cost")
+FORMAT_KEYS = ("activation", "weight", "bias", "executes", "relative_cost", "runs_as")
+REQUIRED_FORMAT = ("activation", "weight", "bias", "executes", "relative_cost")
 TENSOR_KEYS = ("dtype", "symmetric", "granularity", "axis", "scale", "narrow_range",
                "reduce_range")
 RULE_KEYS = ("formats", "exclude", "weight_granularity", "weight_axis", "fixed_qparams",
-             "same_input_precision", "same_input_scale", "cost")
+             "same_input_precision", "same_input_scale", "cost", "on_cpu", "withheld")
 INT_DTYPES = tuple(d for d in ACTIVATION_DTYPES if not d.startswith("float"))
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.]*$")
 
@@ -252,11 +253,25 @@ def _parse_formats(sec: Section) -> dict[str, Format]:
         if not isinstance(name, str) or not _NAME.match(name):
             sec.fail(name, f"format name {name!r} must be a word such as int8 or fp32")
         formats[name] = _parse_format(sec.section(name), name)
+    for name, fmt in formats.items():
+        if fmt.runs_as is None:
+            continue
+        target = formats.get(fmt.runs_as)
+        where = sec.section(name)
+        if target is None or fmt.runs_as == name:
+            where.fail("runs_as", f"{where.path('runs_as')} names '{fmt.runs_as}'; name another "
+                       f"format of this profile ({', '.join(sorted(set(formats) - {name}))})")
+        elif target.runs_as is not None:
+            where.fail("runs_as", f"{where.path('runs_as')} names '{fmt.runs_as}', which runs as "
+                       f"'{target.runs_as}' itself; name the format the target computes")
+        elif target.is_float != fmt.is_float:
+            where.fail("runs_as", f"{where.path('runs_as')}: '{name}' and '{fmt.runs_as}' must "
+                       "both be float or both integer formats")
     return formats
 
 
 def _parse_format(sec: Section, name: str) -> Format:
-    sec.check_keys(FORMAT_KEYS, required=FORMAT_KEYS)
+    sec.check_keys(FORMAT_KEYS, required=REQUIRED_FORMAT)
     activation = _parse_tensor(sec.section("activation"), ACTIVATION_DTYPES)
     weight = _parse_tensor(sec.section("weight"), WEIGHT_DTYPES)
     bias = sec.get_str("bias", choices=BIAS_DTYPES)
@@ -269,7 +284,8 @@ def _parse_format(sec: Section, name: str) -> Format:
                  f"weights, got 'float16'")
     return Format(name=name, activation=activation, weight=weight, bias=bias,
                   executes=sec.get_str("executes", choices=EXECUTES),
-                  relative_cost=sec.get_float("relative_cost", positive=True, unknown=UNKNOWN))
+                  relative_cost=sec.get_float("relative_cost", positive=True, unknown=UNKNOWN),
+                  runs_as=sec.get_str("runs_as", None))
 
 
 def _parse_tensor(sec: Section, dtypes: tuple[str, ...]) -> TensorFormat:
@@ -326,7 +342,24 @@ def _parse_rule(sec: Section, op_type: str, formats: dict[str, Format]) -> OpRul
         fixed_qparams=_parse_qparams(sec, allowed, formats),
         same_input_precision=sec.get_bool("same_input_precision", False),
         same_input_scale=sec.get_bool("same_input_scale", False),
-        cost=_parse_cost(sec, allowed))
+        cost=_parse_cost(sec, allowed), on_cpu=sec.get_str("on_cpu", None),
+        withheld=_parse_withheld(sec, allowed, names))
+
+
+def _parse_withheld(sec: Section, allowed: tuple[str, ...], names: tuple[str, ...]
+                    ) -> dict[str, str]:
+    """``withheld: {int8: why}``: formats defined, not offered for the op, each with a reason."""
+    if "withheld" not in sec:
+        return {}
+    sub = sec.section("withheld")
+    out: dict[str, str] = {}
+    for key in sub.keys():
+        if key not in names or key in allowed:
+            sub.fail(key, f"{sub.path(key)}: withheld names a format that is not defined or is "
+                     f"offered for the op; withhold one of "
+                     f"{', '.join(n for n in names if n not in allowed) or 'none'}")
+        out[str(key)] = sub.get_str(key)
+    return out
 
 
 def _parse_qparams(sec: Section, allowed: tuple[str, ...], formats: dict[str, Format],

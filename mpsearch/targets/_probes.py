@@ -30,11 +30,14 @@ from mpsearch.quantize import Quantizer
 from mpsearch.runtime import create_session
 from mpsearch.targets._base import ACCELERATOR, Toolchain
 
-__all__ = ["PROBES", "SKIPPED", "ProbeResult", "check_profile", "probe_model"]
+__all__ = ["PROBES", "SKIPPED", "WITHHELD", "ProbeResult", "check_profile", "probe_model"]
 
 OPSET = 20
 SHAPE = (1, 4, 8, 8)
 SKIPPED = "skipped"
+#: The claim for a format the profile withholds with a reason (it fails in context): any
+#: outcome of the one-op probe agrees, and the reason is shown.
+WITHHELD = "withheld"
 #: Largest |toolchain - ORT CPU| of a probe, over the ORT output's range, that still agrees.
 TOLERANCE = 0.05
 
@@ -124,7 +127,7 @@ class ProbeResult:
 
     op_type: str
     format: str
-    claimed: str        # "accelerator", "cpu" or "no" (the profile does not offer it)
+    claimed: str        # "accelerator", "cpu", "no" (not offered) or "withheld" (with a reason)
     unit: str           # the toolchain's: "accelerator", "cpu", "error" or "skipped"
     precision: str
     expected: str       # the precision the format's activations call for
@@ -139,7 +142,7 @@ class ProbeResult:
         offer it. A toolchain error (the model does not compile) agrees only with a format the
         profile does not offer; a probe our
         builder cannot make (``skipped``) checks nothing."""
-        if self.unit == SKIPPED:
+        if self.unit == SKIPPED or self.claimed == WITHHELD:
             return True
         if self.unit == "error":  # the toolchain cannot take the model at all
             return self.claimed == "no"
@@ -152,13 +155,19 @@ class ProbeResult:
 
 
 def _expected(profile: HardwareProfile, fmt: str) -> str:
-    dtype = profile.format(fmt).activation.dtype
+    """The precision the target computes ``fmt`` in (its ``runs_as`` format's)."""
+    dtype = profile.format(profile.computed_as(fmt)).activation.dtype
     return {"float16": "fp16", "float32": "fp32"}.get(dtype, f"int{8 if '8' in dtype else 16}")
 
 
 def _claim(profile: HardwareProfile, op_type: str, fmt: str) -> str:
+    rule = profile.op_rule(op_type)
+    if rule is not None and fmt in rule.withheld:
+        return WITHHELD
     if fmt not in profile.formats_for(op_type):
         return "no"
+    if rule is not None and rule.on_cpu is not None:
+        return "cpu"
     return "cpu" if profile.format(fmt).executes == "cpu_fallback" else ACCELERATOR
 
 
@@ -196,6 +205,18 @@ def _probe(quantizer: Quantizer, tool: Toolchain, op_type: str, fmt: str,
            profile: HardwareProfile, settings: Mapping[str, object], x: np.ndarray,
            workdir: Path) -> ProbeResult:
     claimed, expected = _claim(profile, op_type, fmt), _expected(profile, fmt)
+    rule = profile.op_rule(op_type)
+    if claimed == WITHHELD and rule is not None:
+        withheld = rule.withheld[fmt]
+        result = _run_probe(quantizer, tool, op_type, fmt, claimed, expected, settings, x,
+                            workdir)
+        return dataclasses.replace(result, reason=f"withheld: {withheld}; {result.reason}"[:300])
+    return _run_probe(quantizer, tool, op_type, fmt, claimed, expected, settings, x, workdir)
+
+
+def _run_probe(quantizer: Quantizer, tool: Toolchain, op_type: str, fmt: str, claimed: str,
+               expected: str, settings: Mapping[str, object], x: np.ndarray,
+               workdir: Path) -> ProbeResult:
     try:
         model = quantizer.build(make_assignment(quantizer.graph, quantizer.profile,
                                                 {"probe": fmt}))
