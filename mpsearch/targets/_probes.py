@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from mpsearch.assignment import make_assignment
 from mpsearch.calibration import calibrate
 from mpsearch.data import Dataset
-from mpsearch.errors import MpsearchError
+from mpsearch.errors import MpsearchError, ProfileError
 from mpsearch.graph import load_model
 from mpsearch.profiles import HardwareProfile, OpRule
 from mpsearch.quantize import Quantizer
@@ -80,6 +80,9 @@ PROBES: dict[str, Callable[[], _Spec]] = {
     "Resize": lambda: ({"mode": "nearest"}, [("", np.zeros(0, np.float32)),
                                              np.array([1, 1, 2, 2], np.float32)]),
     "ReduceMean": lambda: ({"keepdims": 1}, [_i(-1)]),
+    "ReduceSum": lambda: ({"keepdims": 1}, [_i(-1)]),
+    "Pow": lambda: ({}, [np.array(2.0, np.float32)]),
+    **{op: (lambda: ({}, [])) for op in ("Exp", "Abs", "Neg")},
     "Pad": lambda: ({}, [_i(0, 0, 1, 1, 0, 0, 1, 1)]),
     "Reshape": lambda: ({}, [_i(1, 4, 64)]),
     "Flatten": lambda: ({"axis": 1}, []),
@@ -178,6 +181,10 @@ def check_profile(profile: HardwareProfile, tool: Toolchain, *,
     format of ``profile`` with ``tool`` (its settings from the profile)."""
     settings = {} if profile.toolchain is None else dict(profile.toolchain.settings)
     names = list(ops) if ops is not None else [o for o in profile.op_rules if o in PROBES]
+    unknown = [o for o in names if o not in PROBES]
+    if unknown:
+        raise ProfileError(f"no probe for {', '.join(unknown)}; probes exist for "
+                            f"{', '.join(sorted(PROBES))}")
     if ops is None and "Erf" not in names:
         names.append("Erf")
     results: list[ProbeResult] = []

@@ -235,14 +235,10 @@ def _cast(n: Node) -> list[Value]:
     return [n.emit("CAST", (x.index or 0,), n.output(0, x.shape, x.nhwc, dtype=str(to)))]
 
 
-def _erf(n: Node) -> list[Value]:
-    raise refuse("TFLite has no ERF builtin (GELU's erf form is not matched to GELU)")
-
-
 MOVE_WRITERS: dict[str, Callable[[Node], list[Value]]] = {
     "Reshape": _reshape, "Flatten": _reshape, "Squeeze": _reshape, "Unsqueeze": _reshape,
     "Identity": _identity, "Transpose": _transpose, "Gather": _gather, "Split": _split,
-    "Slice": _slice, "Pad": _pad, "Concat": _concat, "Erf": _erf, "Expand": _expand,
+    "Slice": _slice, "Pad": _pad, "Concat": _concat, "Expand": _expand,
     "ReduceMax": _reduce_max, "GlobalMaxPool": _reduce_max, "Equal": _equal, "Cast": _cast,
     "LayerNormalization": layer_norm,
 }

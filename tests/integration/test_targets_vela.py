@@ -232,12 +232,17 @@ def test_transformer_on_u55_and_u85(digits: Dataset, tmp_path: Path,
 
 def test_an_op_without_a_tflite_builtin_is_named(digits: Dataset, tmp_path: Path,
                                                  vela: VelaToolchain) -> None:
+    """The error names the node without a writer, and only counts the nodes after it."""
     x = onnx.helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT, [1, 4])
     y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])
-    graph = onnx.helper.make_graph([onnx.helper.make_node("Erf", ["input"], ["y"], name="e")],
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Sin", ["input"], ["s"], name="e"),
+                                    onnx.helper.make_node("Relu", ["s"], ["r"], name="r1"),
+                                    onnx.helper.make_node("Relu", ["r"], ["y"], name="r2")],
                                    "g", [x], [y])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
-    with pytest.raises(TargetError, match=r"Erf 'e': TFLite has no ERF builtin"):
+    with pytest.raises(TargetError, match=r"^1 node\(s\) have no TFLite equivalent: Sin 'e': no "
+                       r"TFLite builtin operator is written for this op type; 2 node\(s\) after "
+                       r"them not written$"):
         vela.compile(model, tmp_path, calibration=[], settings={})
     with pytest.raises(TargetError, match="unknown; valid"):
         vela.compile(model, tmp_path, calibration=[], settings={"accelerator": "u55"})
@@ -440,3 +445,70 @@ def test_shape_arithmetic_through_casts_is_folded(tmp_path: Path, vela: VelaTool
     ours, theirs = vela.run(compiled, {"input": x})[0], _ort(model, x)
     assert ours.shape == theirs.shape == (1, 8)
     np.testing.assert_array_equal(ours, theirs)
+
+
+def _mixed_chain(op: str, in_dtype: int, in_scale: float, out_dtype: int, out_scale: float,
+                 shape: list[int], **attrs: object) -> onnx.ModelProto:
+    """input -> Q/DQ (in_dtype) -> float op -> Q/DQ (out_dtype) -> output: an op assigned fp32
+    between an integer producer and a consumer of another integer type."""
+    model = _qdq_chain(op, in_scale, out_scale, in_dtype, shape, **attrs)
+    model.graph.initializer.append(onnx.helper.make_tensor("zo8", out_dtype, [], [0]))
+    for node in model.graph.node[3:]:
+        node.input[2] = "zo8"
+    return model
+
+
+@pytest.mark.parametrize(("in_dtype", "out_dtype"), [
+    (onnx.TensorProto.INT8, onnx.TensorProto.INT16),
+    (onnx.TensorProto.INT16, onnx.TensorProto.INT8)])
+@pytest.mark.parametrize("axis", [1, 2])
+def test_float_reduce_sum_between_int8_and_int16_matches_ort(
+        in_dtype: int, out_dtype: int, axis: int, tmp_path: Path, vela: VelaToolchain) -> None:
+    """A ReduceSum assigned fp32 whose producer is int8 and consumer int16 (or the reverse):
+    TFLite's SUM reads and writes one type, and took int8 codes as int16 ones (0.96 under ONNX
+    Runtime, 0.0 on the TFLite file of a 1-D CNN); the writer computes it in int16."""
+    steps = {onnx.TensorProto.INT8: 127, onnx.TensorProto.INT16: 32767}
+    in_scale, out_scale = 1.0 / steps[in_dtype], 16.0 / steps[out_dtype]
+    model = _mixed_chain("ReduceSum", in_dtype, in_scale, out_dtype, out_scale, [1, 16, 8],
+                         keepdims=0)
+    model.graph.node[2].input.append("axes")
+    model.graph.initializer.append(onnx.helper.make_tensor(
+        "axes", onnx.TensorProto.INT64, [1], [axis]))
+    x = np.random.default_rng(axis).uniform(-1, 1, (8, 1, 16, 8)).astype(np.float32)
+    compiled = vela.compile(model, tmp_path, calibration=[], settings={})
+    assert {p.unit for p in compiled.placements if p.node == "op"} == {"accelerator"}
+    for sample in x:
+        ours, theirs = vela.run(compiled, {"input": sample})[0], _ort(model, sample)
+        assert np.abs(theirs).max() > 10 * out_scale  # the sums are not all zero
+        assert np.abs(ours - theirs).max() <= out_scale + 1e-6  # one output step
+
+
+def test_float_erf_is_written_and_matches_ort(tmp_path: Path, vela: VelaToolchain) -> None:
+    """TFLite has no ERF: a float Erf is written as Abramowitz and Stegun 7.1.26 (largest
+    error 1.5e-7) and runs on the CPU."""
+    x_info = onnx.helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT, [1, 64])
+    y_info = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Erf", ["input"], ["y"], name="e")],
+                                   "g", [x_info], [y_info])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    x = np.linspace(-4, 4, 64, dtype=np.float32)[None]
+    compiled = vela.compile(model, tmp_path, calibration=[], settings={})
+    assert [(p.node, p.unit) for p in compiled.placements if p.node == "e"][0][1] == "cpu"
+    ours, theirs = vela.run(compiled, {"input": x})[0], _ort(model, x)
+    assert np.abs(ours - theirs).max() <= 3e-7
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["ethos_u55", "ethos_u85"])
+def test_written_ops_agree_with_the_profile(profile: str) -> None:
+    """Every format of ConvTranspose, Resize, PRelu, HardSwish, Clip, Pow and Erf through the
+    writer, Vela and TFLite agrees with the profile and with ONNX Runtime (profiles check)."""
+    from mpsearch.targets._probes import check_profile
+
+    ops = ("ConvTranspose", "Resize", "PRelu", "HardSwish", "Clip", "Pow", "Erf", "ReduceSum")
+    results = check_profile(load_profile(profile), VelaToolchain(), ops=ops)
+    assert [r for r in results if not r.agrees] == []
+    ran = {(r.op_type, r.format) for r in results if r.error is not None}
+    assert {("ConvTranspose", "int8"), ("ConvTranspose", "int16"), ("Resize", "int8"),
+            ("Resize", "int16"), ("Clip", "int16"), ("HardSwish", "fp32"), ("PRelu", "fp32"),
+            ("Erf", "fp32"), ("Pow", "fp32")} <= ran
