@@ -512,3 +512,26 @@ def test_written_ops_agree_with_the_profile(profile: str) -> None:
     assert {("ConvTranspose", "int8"), ("ConvTranspose", "int16"), ("Resize", "int8"),
             ("Resize", "int16"), ("Clip", "int16"), ("HardSwish", "fp32"), ("PRelu", "fp32"),
             ("Erf", "fp32"), ("Pow", "fp32")} <= ran
+
+
+def test_cost_counts_the_work_left_to_the_cpu(digits: Dataset, tmp_path: Path,
+                                              vela: VelaToolchain) -> None:
+    """A point entirely on the Cortex-M has Vela's 0 NPU cycles, but its cost counts its
+    floating-point work on the host core, so it is dearer than the same model on the NPU."""
+    from mpsearch.summary import summarize
+    from mpsearch.targets._cpu_cost import HOST_FLOPS_PER_CYCLE
+
+    prep = _prepared("resnet", digits)
+    compiled = {}
+    for fmt in ("int8", "fp32"):
+        model = prep.quantizer.build(uniform_assignment(prep.graph, prep.profile, fmt))
+        compiled[fmt] = vela.compile(model, tmp_path / fmt, calibration=[], settings={})
+    cpu, npu = compiled["fp32"].cost, compiled["int8"].cost
+    assert {p.unit for p in compiled["fp32"].placements} == {"cpu"}
+    assert compiled["int8"].fallback == ()
+    assert cpu["cycles_npu"] == 0 and npu["cycles_npu"] > 0  # Vela's own: the CPU is free
+    assert cpu["cpu_flops"] == summarize(prep.graph).flops  # every node's work, on the host
+    assert npu["cpu_flops"] == 0 and npu["cycles"] == npu["cycles_toolchain"]
+    assert cpu["cpu_cycles_estimate"] == cpu["cpu_flops"] / HOST_FLOPS_PER_CYCLE["vela"]
+    assert cpu["cycles"] == cpu["cycles_toolchain"] + cpu["cpu_cycles_estimate"]
+    assert cpu["cycles"] > npu["cycles"]
