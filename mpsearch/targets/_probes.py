@@ -30,7 +30,8 @@ from mpsearch.quantize import Quantizer
 from mpsearch.runtime import create_session
 from mpsearch.targets._base import ACCELERATOR, Toolchain
 
-__all__ = ["PROBES", "SKIPPED", "WITHHELD", "ProbeResult", "check_profile", "probe_model"]
+__all__ = ["PROBES", "SKIPPED", "WITHHELD", "ChainResult", "ProbeResult", "chain_model",
+           "check_chains", "check_profile", "probe_model"]
 
 OPSET = 20
 SHAPE = (1, 4, 8, 8)
@@ -258,3 +259,88 @@ def _run_probe(quantizer: Quantizer, tool: Toolchain, op_type: str, fmt: str, cl
     error = float(np.abs(target.astype(np.float64) - ref).max()) / span
     return ProbeResult(op_type=op_type, format=fmt, claimed=claimed, unit=unit,
                        precision=precision, expected=expected, error=error, reason=reason)
+
+
+def chain_model(op_type: str) -> onnx.ModelProto:
+    """:func:`probe_model` between two nodes of its own: ``pre`` (Mul by 1.25) makes the
+    probe's input and ``post`` (Mul by 0.8) reads its output, so each can be given a format
+    of its own (the probe's input and output formats)."""
+    model = probe_model(op_type)
+    graph = model.graph
+    graph.input[0].name = "x0"
+    graph.initializer.extend([numpy_helper.from_array(np.array(1.25, np.float32), "k_pre"),
+                              numpy_helper.from_array(np.array(0.8, np.float32), "k_post")])
+    graph.node.insert(0, helper.make_node("Mul", ["x0", "k_pre"], ["x"], name="pre"))
+    graph.node.append(helper.make_node("Mul", ["y", "k_post"], ["z"], name="post"))
+    graph.output[0].CopyFrom(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
+    del graph.value_info[:]
+    return onnx.shape_inference.infer_shapes(model)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ChainResult:
+    """One (op, input format, output format) chain: its error against ONNX Runtime's CPU EP
+    (None when it did not build, compile or run: ``reason`` says which)."""
+
+    op_type: str
+    before: str
+    after: str
+    unit: str
+    error: float | None
+    reason: str = ""
+
+    @property
+    def agrees(self) -> bool:
+        """Built and within :data:`TOLERANCE`, or not built by our builder (nothing to ask)."""
+        if self.unit == SKIPPED:
+            return True
+        return self.error is not None and self.error <= TOLERANCE
+
+
+def check_chains(profile: HardwareProfile, tool: Toolchain, ops: Sequence[str], *,
+                 progress: Callable[[str], None] | None = None) -> tuple[ChainResult, ...]:
+    """Every op of ``ops`` in the profile's default (float) format between a producer and a
+    consumer in every pair of the profile's formats: what the toolchain's writer emits for an
+    input of one format and an output of another, against ONNX Runtime."""
+    settings = {} if profile.toolchain is None else dict(profile.toolchain.settings)
+    every = tuple(profile.formats)
+    results: list[ChainResult] = []
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="mpsearch-chain-") as tmp:
+        for op_type in ops:
+            graph = load_model(chain_model(op_type))
+            shape = _SHAPES.get(op_type, SHAPE)
+            x = rng.standard_normal((8, *shape[1:])).astype(np.float32)
+            relaxed = dataclasses.replace(profile, op_rules={
+                **profile.op_rules, "Mul": OpRule(op_type="Mul", formats=every),
+                op_type: OpRule(op_type=op_type, formats=every)})
+            quantizer = Quantizer(graph, calibrate(graph, Dataset(inputs={"x0": x})), relaxed)
+            for before in every:
+                for after in every:
+                    if progress is not None:
+                        progress(f"{op_type} {before}>{after}")
+                    results.append(_chain(quantizer, tool, op_type, before, after, settings,
+                                          x, Path(tmp) / f"{op_type}_{before}_{after}"))
+    return tuple(results)
+
+
+def _chain(quantizer: Quantizer, tool: Toolchain, op_type: str, before: str, after: str,
+           settings: Mapping[str, object], x: np.ndarray, workdir: Path) -> ChainResult:
+    common = {"op_type": op_type, "before": before, "after": after}
+    try:
+        model = quantizer.build(make_assignment(quantizer.graph, quantizer.profile, {
+            "pre": before, "probe": quantizer.profile.default_format, "post": after}))
+    except MpsearchError as e:
+        return ChainResult(**common, unit=SKIPPED, error=None, reason=f"not built: {e}"[:300])
+    try:
+        compiled = tool.compile(model, workdir, calibration=[{"x0": x[:1]}], settings=settings)
+        target = np.concatenate([tool.run(compiled, {"x0": x[i:i + 1]})[0]
+                                 for i in range(len(x))])
+    except MpsearchError as e:
+        return ChainResult(**common, unit="error", error=None, reason=str(e)[:300])
+    placed = [p for p in compiled.placements if p.node == "probe"]
+    ref = create_session(model).run({"x0": x})["z"].astype(np.float64)
+    span = float(ref.max() - ref.min()) or 1.0
+    return ChainResult(**common, unit=placed[0].unit if placed else "-",
+                       error=float(np.abs(target.astype(np.float64) - ref).max()) / span,
+                       reason=placed[0].reason if placed else "")

@@ -1,5 +1,5 @@
-"""More writers: ConvTranspose, Resize, PRelu, Pow, Erf, float HardSwish and Clip bounds
-TFLite has no activation for (or no int16 kernel of).
+"""More writers: ConvTranspose, Resize, PRelu, Pow, Erf, float BatchNormalization and
+ReduceL2, float HardSwish and Clip bounds TFLite has no activation for (or no int16 kernel of).
 
 Each is a TFLite builtin, or an exact decomposition into builtins: float HARD_SWISH, which Vela
 5.2.0 cannot parse, is x * relu6(x + 3) / 6; Clip is MAXIMUM and MINIMUM on the output's grid
@@ -198,7 +198,54 @@ def _erf(n: Node) -> list[Value]:
     return [n.emit("MUL", (magnitude, sign), n.output(0, shape, nhwc), "MulOptions", **mul)]
 
 
+def _batch_norm(n: Node) -> list[Value]:
+    """A BatchNormalization not folded into a convolution, float: MUL and ADD per channel."""
+    if n.quantized:
+        raise refuse("integer BatchNormalization (only its float form is written)")
+    x = n.x(0)
+    arrays = [n.const_array(i) for i in range(1, 5)]
+    if any(a is None for a in arrays) or len(x.shape) < 2:
+        raise refuse("BatchNormalization with computed statistics")
+    gamma, beta, mean, var = (np.asarray(a, np.float64).reshape(-1) for a in arrays)
+    scale = gamma / np.sqrt(var + n.number("epsilon", 1e-5))
+    shift = beta - mean * scale
+    rank, shape = len(x.shape), (-1,) + (1,) * (len(x.shape) - 2)
+
+    def channel(tag: str, values: np.ndarray) -> int:
+        return n.low.const(f"{n.name}_{tag}", nhwc_const(
+            values.astype(np.float32).reshape(shape), rank, x.nhwc))
+
+    mul = n.emit("MUL", (x.index or 0, channel("scale", scale)),
+                 n.scratch("scaled", x.shape, None, x.nhwc), "MulOptions",
+                 fused_activation_function=0)
+    return [n.emit("ADD", (mul.index or 0, channel("shift", shift)),
+                   n.output(0, x.shape, x.nhwc), "AddOptions", fused_activation_function=0,
+                   pot_scale_int16=False)]
+
+
+def _reduce_l2(n: Node) -> list[Value]:
+    """Float ReduceL2 as SQRT(SUM(x * x))."""
+    if n.quantized:
+        raise refuse("integer ReduceL2 (only its float form is written)")
+    x = n.x(0, nhwc=False)
+    axes = n.ints("axes", [])
+    given = n.const_array(1)
+    if given is not None:
+        axes = [int(a) for a in given.reshape(-1)]
+    rank = len(x.shape)
+    axes = sorted(a + rank if a < 0 else a for a in (axes or range(rank)))
+    keep = bool(n.integer("keepdims", 1))
+    square = n.emit("MUL", (x.index or 0, x.index or 0), n.scratch("sq", x.shape, None, False),
+                    "MulOptions", fused_activation_function=0)
+    shape = _out_shape(n)
+    total = n.emit("SUM", (square.index or 0, n.low.const(f"{n.name}_axes",
+                                                          np.array(axes, np.int32))),
+                   n.scratch("sum", shape, None, False), "ReducerOptions", keep_dims=keep)
+    return [n.emit("SQRT", (total.index or 0,), n.output(0, shape))]
+
+
 EXTRA_WRITERS: dict[str, Callable[[Node], list[Value]]] = {
+    "BatchNormalization": _batch_norm, "ReduceL2": _reduce_l2,
     "ConvTranspose": _conv_transpose, "Resize": _resize, "PRelu": _prelu,
     "HardSwish": _hard_swish, "Clip": _clip, "Pow": _pow, "Erf": _erf,
 }

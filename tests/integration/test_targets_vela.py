@@ -535,3 +535,33 @@ def test_cost_counts_the_work_left_to_the_cpu(digits: Dataset, tmp_path: Path,
     assert cpu["cpu_cycles_estimate"] == cpu["cpu_flops"] / HOST_FLOPS_PER_CYCLE["vela"]
     assert cpu["cycles"] == cpu["cycles_toolchain"] + cpu["cpu_cycles_estimate"]
     assert cpu["cycles"] > npu["cycles"]
+
+
+def test_float_batch_norm_strided_slice_reduce_l2_match_ort(tmp_path: Path,
+                                                            vela: VelaToolchain) -> None:
+    """Ops of the corpus models the writer once refused: a BatchNormalization not folded into
+    a convolution (ppocr_det), a Slice with step 2 (ddddocr_det), ReduceL2 (MiniLM), float."""
+    h, rng = onnx.helper, np.random.default_rng(3)
+
+    def init(name: str, array: np.ndarray) -> onnx.TensorProto:
+        return onnx.numpy_helper.from_array(array, name)
+
+    inits = [init("g", rng.uniform(0.5, 1.5, 4).astype(np.float32)),
+             init("b", rng.standard_normal(4).astype(np.float32)),
+             init("m", rng.standard_normal(4).astype(np.float32)),
+             init("v", rng.uniform(0.5, 2, 4).astype(np.float32)),
+             init("st", np.array([1], np.int64)), init("en", np.array([8], np.int64)),
+             init("ax", np.array([3], np.int64)), init("sp", np.array([2], np.int64)),
+             init("l2", np.array([1], np.int64))]
+    nodes = [h.make_node("BatchNormalization", ["input", "g", "b", "m", "v"], ["bn"], name="bn"),
+             h.make_node("Slice", ["bn", "st", "en", "ax", "sp"], ["sl"], name="sl"),
+             h.make_node("ReduceL2", ["sl", "l2"], ["y"], name="l2", keepdims=1)]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("input", onnx.TensorProto.FLOAT,
+                                                                [1, 4, 8, 8])],
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
+    x = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    compiled = vela.compile(model, tmp_path, calibration=[{"input": x}], settings={})
+    ours, theirs = vela.run(compiled, {"input": x})[0], _ort(model, x)
+    assert ours.shape == theirs.shape == (1, 1, 8, 4)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
