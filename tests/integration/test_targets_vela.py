@@ -565,3 +565,18 @@ def test_float_batch_norm_strided_slice_reduce_l2_match_ort(tmp_path: Path,
     ours, theirs = vela.run(compiled, {"input": x})[0], _ort(model, x)
     assert ours.shape == theirs.shape == (1, 1, 8, 4)
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_reduce_sum_between_every_pair_of_formats_matches_ort() -> None:
+    """The chain probes (benchmarks/vela_probes.py --chains): ReduceSum assigned fp32 between
+    a producer and a consumer in each pair of ethos_u55's formats, through the writer, Vela and
+    TFLite, agrees with ONNX Runtime; int8 -> int16 and int16 -> int8 run on the NPU."""
+    from mpsearch.targets._probes import check_chains
+
+    results = check_chains(load_profile("ethos_u55"), VelaToolchain(), ["ReduceSum"])
+    assert len(results) == 9 and all(r.error is not None for r in results)
+    assert [(r.before, r.after, r.error) for r in results if not r.agrees] == []
+    units = {(r.before, r.after): r.unit for r in results}
+    assert units[("int8", "int16")] == units[("int16", "int8")] == "accelerator"
+    assert units[("fp32", "int8")] == units[("int8", "fp32")] == "cpu"
