@@ -368,3 +368,22 @@ def test_verify_is_checked_strictly_and_needs_a_profile_with_a_toolchain(
     x86.write_text(x86.read_text().replace("profile: qnn_htp", "profile: x86_ort"))
     with pytest.raises(SpecError, match="profile x86_ort names no toolchain"):
         search_run(load_spec(x86), tmp_path / "run")
+
+
+def test_cost_counts_a_node_left_to_the_cpu(tmp_path: Path) -> None:
+    """A lone Erf (no Erf in the QNN EP) leaves nothing on the HTP to profile; its cost is its
+    work on the host core (4 FLOPs per element, summary's count), not an empty record."""
+    from mpsearch.targets._cpu_cost import HOST_FLOPS_PER_CYCLE
+    from mpsearch.targets._probes import probe_model
+
+    tool = toolchain("qnn")
+    x = np.zeros((1, 4, 8, 8), np.float32)
+    erf = tool.compile(probe_model("Erf"), tmp_path / "erf", calibration=[{"x": x}],
+                       settings=SETTINGS)
+    assert [(p.node, p.unit) for p in erf.placements] == [("probe", CPU)]
+    assert erf.cost["cycles_toolchain"] == 0.0 and erf.cost["cpu_flops"] == 4 * x.size
+    assert erf.cost["cycles"] == 4 * x.size / HOST_FLOPS_PER_CYCLE["qnn"]
+    conv = tool.compile(probe_model("Conv"), tmp_path / "conv", calibration=[{"x": x}],
+                        settings=SETTINGS)
+    assert conv.fallback == () and conv.cost["cpu_flops"] == 0.0
+    assert conv.cost["cycles"] == conv.cost["cycles_toolchain"] > 0
