@@ -100,8 +100,13 @@ def _prelu(n: Node) -> list[Value]:
 
 
 def _hard_swish(n: Node) -> list[Value]:
-    """Integer: HARD_SWISH. Float: x * relu6(x + 3) / 6 (Vela cannot parse a float one)."""
+    """Integer: HARD_SWISH (int8: Vela 5.2.0 cannot parse an int16 one, which is then written
+    float). Float: x * relu6(x + 3) / 6 (Vela cannot parse a float HARD_SWISH either)."""
     if n.quantized:
+        x = n.ins[0]
+        if (x is not None and x.q is not None and x.q.dtype == "int16") or (
+                n.out_q[0] is not None and n.out_q[0].dtype == "int16"):
+            raise refuse("Vela 5.2.0 cannot parse an int16 HARD_SWISH")
         return _unary("HARD_SWISH")(n)
     x = n.x(0)
     shape, nhwc, rank = x.shape, x.nhwc, len(x.shape)
@@ -244,8 +249,72 @@ def _reduce_l2(n: Node) -> list[Value]:
     return [n.emit("SQRT", (total.index or 0,), n.output(0, shape))]
 
 
+def _neg(n: Node) -> list[Value]:
+    """NEG, float only: TFLite's integer NEG negates codes without their zero point (measured:
+    an int8 chain off by the whole output range), so an integer one is written float."""
+    if n.quantized:
+        raise refuse("TFLite's integer NEG ignores the zero point")
+    return _unary("NEG")(n)
+
+
+def _depth_space(code: str, options: str) -> Callable[[Node], list[Value]]:
+    """DEPTH_TO_SPACE (ONNX's DCR mode) / SPACE_TO_DEPTH in NHWC, on the input's grid."""
+    def write(n: Node) -> list[Value]:
+        if n.attr("mode", b"DCR") != b"DCR":
+            raise refuse("DepthToSpace in CRD mode has no TFLite builtin")
+        x, shape = n.x(0, nhwc=True), _out_shape(n)
+        size = {"block_size": n.integer("blocksize", 1)}
+        if x.q is None or x.q.dtype != "int16":
+            return [n.emit(code, (x.index or 0,), n.output(0, shape, True, dtype=n.kind(x)),
+                           options, **size)]
+        # TFLite has no int16 kernel: moved in float between a DEQUANTIZE and a QUANTIZE onto
+        # the same grid (exact: the values are moved, not computed)
+        moved = n.emit(code, (n.low.as_float(x, n.name).index or 0,),
+                       n.scratch("moved", shape, None, True), options, **size)
+        return [n.emit("QUANTIZE", (moved.index or 0,), n.output(0, shape, True))]
+    return write
+
+
+def _instance_norm(n: Node) -> list[Value]:
+    """Float InstanceNormalization of a 4-D tensor as MEAN, SQUARED_DIFFERENCE, RSQRT, SUB,
+    MUL and ADD over H and W (NHWC)."""
+    if n.quantized:
+        raise refuse("integer InstanceNormalization (only its float form is written)")
+    x = n.x(0, nhwc=True)
+    gamma, beta = n.const_array(1), n.const_array(2)
+    if len(x.shape) != 4 or gamma is None or beta is None:
+        raise refuse("InstanceNormalization of other than a 4-D tensor with constant scale")
+    stat = (x.shape[0], x.shape[1], 1, 1)
+    axes = n.low.const(f"{n.name}_axes", np.array([1, 2], np.int32))
+    mul, add = {"fused_activation_function": 0}, {"fused_activation_function": 0,
+                                                  "pot_scale_int16": False}
+
+    def op(code: str, ins: tuple[int, ...], tag: str, shape: tuple[int, ...],
+           options: str | None = None, **fields: object) -> int:
+        return n.emit(code, ins, n.scratch(tag, shape, None, True), options, **fields).index or 0
+
+    def channel(tag: str, values: np.ndarray) -> int:
+        return n.low.const(f"{n.name}_{tag}", nhwc_const(
+            values.astype(np.float32).reshape(-1, 1, 1), 4, True))
+
+    xi = x.index or 0
+    mean = op("MEAN", (xi, axes), "mean", stat, "ReducerOptions", keep_dims=True)
+    var = op("MEAN", (op("SQUARED_DIFFERENCE", (xi, mean), "sq", x.shape), axes), "var", stat,
+             "ReducerOptions", keep_dims=True)
+    var = op("ADD", (var, _k(n, "eps", n.number("epsilon", 1e-5), 4)), "var_eps", stat,
+             "AddOptions", **add)
+    norm = op("MUL", (op("SUB", (xi, mean), "centred", x.shape, "SubOptions", **add),
+                      op("RSQRT", (var,), "inv", stat)), "norm", x.shape, "MulOptions", **mul)
+    scaled = op("MUL", (norm, channel("gamma", gamma)), "scaled", x.shape, "MulOptions", **mul)
+    return [n.emit("ADD", (scaled, channel("beta", beta)), n.output(0, x.shape, True),
+                   "AddOptions", **add)]
+
+
 EXTRA_WRITERS: dict[str, Callable[[Node], list[Value]]] = {
+    "Neg": _neg, "DepthToSpace": _depth_space("DEPTH_TO_SPACE", "DepthToSpaceOptions"),
+    "SpaceToDepth": _depth_space("SPACE_TO_DEPTH", "SpaceToDepthOptions"),
     "BatchNormalization": _batch_norm, "ReduceL2": _reduce_l2,
+    "InstanceNormalization": _instance_norm,
     "ConvTranspose": _conv_transpose, "Resize": _resize, "PRelu": _prelu,
     "HardSwish": _hard_swish, "Clip": _clip, "Pow": _pow, "Erf": _erf,
 }

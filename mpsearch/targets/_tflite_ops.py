@@ -25,10 +25,10 @@ __all__ = ["Node", "limits", "lower_node", "lower_qdq", "nhwc_const", "quantize"
 #: Data movement: the output is on the input's grid.
 MOVES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Gather",
                    "Identity", "Split", "Slice", "Pad", "MaxPool", "Expand", "ReduceMax",
-                   "GlobalMaxPool"})
+                   "GlobalMaxPool", "DepthToSpace", "SpaceToDepth"})
 #: Ops whose constant inputs are tensors of the computation (a float one keeps the node float).
-CONSTANT_OPERANDS = frozenset({"Conv", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Max",
-                               "Min", "Concat", "PRelu", "LayerNormalization"})
+CONSTANT_OPERANDS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul",
+                               "Div", "Max", "Min", "Concat", "PRelu", "LayerNormalization"})
 #: TFLite integer kernels whose output grid is fixed: (int8 scale, zero), (int16 scale, zero).
 FIXED = {"LOGISTIC": ((1 / 256, -128), (1 / 32768, 0)), "SOFTMAX": ((1 / 256, -128),
          (1 / 32768, 0)), "TANH": ((1 / 128, 0), (1 / 32768, 0))}
@@ -285,8 +285,14 @@ def lower_node(low: Lowering, node: onnx.NodeProto, outputs: Set[str]) -> None:
     names = [r.output[0] for r in readers]
     wide = {v.q.dtype for v in activations if v.q is not None} | {g.dtype for g in grids}
     if (_mixed(low, node, writer, ins, grids, names) if len(wide) > 1  # one type a kernel
-            else _record(low, node, Node(low, node, ins, list(grids), names), writer, names)):
+            else _record(low, node, Node(low, node, ins, list(grids), names), writer, names,
+                         quiet=True)):
         low.fused.update(r.name for r in readers)
+        return
+    # no integer operator for it: float behind DEQUANTIZE, as ONNX Runtime computes the QDQ
+    # node (the QuantizeLinear after it becomes QUANTIZE); Vela puts it on the CPU
+    ctx = Node(low, node, ins, [None] * len(node.output), list(node.output))
+    _record(low, node, ctx, writer, list(node.output))
 
 
 def _mixed(low: Lowering, node: onnx.NodeProto, writer: Writer, ins: list[Value | None],
@@ -313,7 +319,8 @@ def _mixed(low: Lowering, node: onnx.NodeProto, writer: Writer, ins: list[Value 
         wider.append(Value(shape=v.shape, index=index, q=grid, nhwc=v.nhwc))
     mids = [g if g.dtype == "int16" else wide(g) for g in grids]
     inner = [n if g.dtype == "int16" else f"{n}__i16" for n, g in zip(names, grids, strict=True)]
-    if not _record(low, node, Node(low, node, wider, list(mids), inner), writer, inner):
+    if not _record(low, node, Node(low, node, wider, list(mids), inner), writer, inner,
+                   quiet=True):
         return False
     for name, mid, grid in zip(names, inner, grids, strict=True):
         if name == mid or mid not in low.values:
@@ -350,11 +357,14 @@ def lower_gelu(low: Lowering, div: onnx.NodeProto, gelu: Gelu, outputs: Set[str]
 
 
 def _record(low: Lowering, node: onnx.NodeProto, ctx: Node, writer: Writer,
-            names: list[str]) -> bool:
+            names: list[str], *, quiet: bool = False) -> bool:
+    """Write ``node`` with ``writer``; a refusal is recorded unless ``quiet`` (the caller then
+    writes the node otherwise)."""
     try:
         made = writer(ctx)
     except _Refused as e:
-        low.refuse(node, str(e))
+        if not quiet:
+            low.refuse(node, str(e))
         return False
     for name, value in zip(names, made or [], strict=False):
         low.values[name] = value

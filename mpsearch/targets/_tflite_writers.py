@@ -356,7 +356,7 @@ WRITERS: dict[str, Callable[[Node], list[Value]]] = {
     "Tanh": _unary("TANH"), "Gelu": _gelu,
     "HardSigmoid": _hard_sigmoid,
     "Exp": _unary("EXP"),
-    "Abs": _unary("ABS"), "Neg": _unary("NEG"), "Sqrt": _unary("SQRT"),
+    "Abs": _unary("ABS"), "Sqrt": _unary("SQRT"),
     "Softmax": _softmax, "GlobalAveragePool": _global_pool, "ReduceMean": _reduce("MEAN"),
     "ReduceSum": _reduce("SUM"), "Reciprocal": _reciprocal,
     "AveragePool": _pool("AVERAGE_POOL_2D"), "MaxPool": _pool("MAX_POOL_2D"),
