@@ -79,7 +79,10 @@ def _vela_files(compiled: Compiled) -> tuple[list[dict[str, str]], dict[str, str
 def _check_against_vela(compiled: Compiled) -> None:
     """Cost and placement say what Vela's files and log say."""
     rows, summary = _vela_files(compiled)
-    assert compiled.cost["cycles"] == float(summary["cycles_total"])
+    assert compiled.cost["cycles_toolchain"] == float(summary["cycles_total"])
+    assert compiled.cost["cycles"] == (compiled.cost["cycles_toolchain"]
+                                       + compiled.cost["cpu_cycles_estimate"])
+    assert (compiled.cost["cpu_flops"] > 0) == bool(compiled.fallback)
     assert compiled.cost["sram_bytes"] == float(summary["sram_memory_used"]) * 1024
     match = re.search(r"CPU operators = (\d+)", compiled.log)
     assert match is not None and compiled.cost["cpu_ops"] == int(match.group(1))
