@@ -6,8 +6,8 @@ TFLite's builtin kernels say whether they accept the file at all (the CPU fallba
 those kernels). A concept of its own (the profile's claims one operator at a time, not models
 through the toolchain: that is ``bench_targets.py``). ``python -m benchmarks.vela_probes``
 writes benchmarks/results/vela_probes.md (``--no-write`` prints only); ``--chains ethos_u55``
-instead writes vela_probes_chains_ethos_u55.md: every probed op between a producer and a consumer in
-each pair of the profile's formats, TFLite's outputs against ONNX Runtime's.
+instead writes vela_probes_chains_ethos_u55.md: every probed op between a producer and a
+consumer in each pair of the profile's formats, TFLite's outputs against ONNX Runtime's.
 """
 
 from __future__ import annotations
