@@ -16,6 +16,7 @@ from typing import Any
 from mpsearch._yaml import LineDict, Section, load_yaml, merge_maps, suggest
 from mpsearch.errors import ProfileError
 from mpsearch.profiles._cpu import AUTO_X86_PROFILE, host_int8_isa, x86_profile_for
+from mpsearch.profiles._declared import check_runs_as, parse_withheld
 from mpsearch.profiles._types import (
     ACTIVATION_DTYPES,
     BIAS_DTYPES,
@@ -253,20 +254,7 @@ def _parse_formats(sec: Section) -> dict[str, Format]:
         if not isinstance(name, str) or not _NAME.match(name):
             sec.fail(name, f"format name {name!r} must be a word such as int8 or fp32")
         formats[name] = _parse_format(sec.section(name), name)
-    for name, fmt in formats.items():
-        if fmt.runs_as is None:
-            continue
-        target = formats.get(fmt.runs_as)
-        where = sec.section(name)
-        if target is None or fmt.runs_as == name:
-            where.fail("runs_as", f"{where.path('runs_as')} names '{fmt.runs_as}'; name another "
-                       f"format of this profile ({', '.join(sorted(set(formats) - {name}))})")
-        elif target.runs_as is not None:
-            where.fail("runs_as", f"{where.path('runs_as')} names '{fmt.runs_as}', which runs as "
-                       f"'{target.runs_as}' itself; name the format the target computes")
-        elif target.is_float != fmt.is_float:
-            where.fail("runs_as", f"{where.path('runs_as')}: '{name}' and '{fmt.runs_as}' must "
-                       "both be float or both integer formats")
+    check_runs_as(sec, formats)
     return formats
 
 
@@ -343,23 +331,8 @@ def _parse_rule(sec: Section, op_type: str, formats: dict[str, Format]) -> OpRul
         same_input_precision=sec.get_bool("same_input_precision", False),
         same_input_scale=sec.get_bool("same_input_scale", False),
         cost=_parse_cost(sec, allowed), on_cpu=sec.get_str("on_cpu", None),
-        withheld=_parse_withheld(sec, allowed, names))
+        withheld=parse_withheld(sec, allowed, names))
 
-
-def _parse_withheld(sec: Section, allowed: tuple[str, ...], names: tuple[str, ...]
-                    ) -> dict[str, str]:
-    """``withheld: {int8: why}``: formats defined, not offered for the op, each with a reason."""
-    if "withheld" not in sec:
-        return {}
-    sub = sec.section("withheld")
-    out: dict[str, str] = {}
-    for key in sub.keys():
-        if key not in names or key in allowed:
-            sub.fail(key, f"{sub.path(key)}: withheld names a format that is not defined or is "
-                     f"offered for the op; withhold one of "
-                     f"{', '.join(n for n in names if n not in allowed) or 'none'}")
-        out[str(key)] = sub.get_str(key)
-    return out
 
 
 def _parse_qparams(sec: Section, allowed: tuple[str, ...], formats: dict[str, Format],
