@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+from onnx import NodeProto, helper
 
 from mpsearch.targets._tflite_lower import QParams, Value
 from mpsearch.targets._tflite_ops import Node, nhwc_const, quantize, refuse
-from mpsearch.targets._tflite_writers import _bias, _out_shape, _regrid, _unary, _weight
+from mpsearch.targets._tflite_writers import _bias, _conv, _out_shape, _regrid, _unary, _weight
 
 __all__ = ["EXTRA_WRITERS"]
 
@@ -310,7 +311,46 @@ def _instance_norm(n: Node) -> list[Value]:
                    "AddOptions", **add)]
 
 
+def _any_conv(n: Node) -> list[Value]:
+    """A 1-D Conv as CONV_2D of height 1 between RESHAPEs; others as :func:`._conv`."""
+    w = n.ins[1]
+    if w is None or len(w.shape) != 3:
+        return _conv(n)
+    x = n.x(0, nhwc=False)
+    (batch, channels, length), out = x.shape, _out_shape(n)
+    four = n.low.tensor(f"{n.name}_in2d", (batch, channels, 1, length), x.q,
+                        dtype=None if x.q is not None else n.kind(x))
+    n.low.flat.op("RESHAPE", (x.index or 0, n.low.const(f"{n.name}_in2d_shape", np.array(
+        [batch, channels, 1, length], np.int32))), (four,), n.name)
+    weight = (Value(shape=(*w.shape[:2], 1, w.shape[2]), q=w.q,
+                    codes=None if w.codes is None else w.codes[:, :, None, :],
+                    array=None if w.array is None else w.array[:, :, None, :]))
+    proto = NodeProto()
+    proto.CopyFrom(n.proto)
+    proto.output[0] = f"{n.out_names[0]}__2d"
+    del proto.attribute[:]
+    begin, end = n.ints("pads", [0, 0])
+    ints = {"kernel_shape": [1, w.shape[2]], "strides": [1, *n.ints("strides", [1])],
+            "dilations": [1, *n.ints("dilations", [1])], "pads": [0, begin, 0, end]}
+    for key in ("kernel_shape", "strides", "dilations", "pads"):
+        proto.attribute.append(helper.make_attribute(key, ints[key]))
+    proto.attribute.append(helper.make_attribute("group", n.integer("group", 1)))
+    auto = n.attr("auto_pad")
+    if auto is not None:
+        proto.attribute.append(helper.make_attribute("auto_pad", auto))
+    n.low.values[proto.output[0]] = Value(shape=(out[0], out[1], 1, out[2]))  # its shape
+    x4 = Value(shape=(batch, channels, 1, length), index=four, q=x.q)
+    sub = Node(n.low, proto, [x4, weight, *n.ins[2:]], n.out_q, [proto.output[0]])
+    y4 = n.low.relayout(_conv(sub)[0], False, n.name)
+    del n.low.values[proto.output[0]]
+    y = n.output(0, out)
+    n.low.flat.op("RESHAPE", (y4.index or 0, n.low.const(f"{n.name}_out1d_shape", np.array(
+        out, np.int32))), (y.index or 0,), n.name)
+    return [y]
+
+
 EXTRA_WRITERS: dict[str, Callable[[Node], list[Value]]] = {
+    "Conv": _any_conv,
     "Neg": _neg, "DepthToSpace": _depth_space("DEPTH_TO_SPACE", "DepthToSpaceOptions"),
     "SpaceToDepth": _depth_space("SPACE_TO_DEPTH", "SpaceToDepthOptions"),
     "BatchNormalization": _batch_norm, "ReduceL2": _reduce_l2,

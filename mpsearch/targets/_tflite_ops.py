@@ -257,7 +257,7 @@ def lower_node(low: Lowering, node: onnx.NodeProto, outputs: Set[str]) -> None:
     from mpsearch.targets._tflite_moves import MOVE_WRITERS
     from mpsearch.targets._tflite_writers import WRITERS
 
-    writer = (WRITERS.get(node.op_type) or EXTRA_WRITERS.get(node.op_type)
+    writer = (EXTRA_WRITERS.get(node.op_type) or WRITERS.get(node.op_type)
               or MOVE_WRITERS.get(node.op_type))
     if writer is None:
         low.refuse(node, "no TFLite builtin operator is written for this op type")

@@ -583,3 +583,44 @@ def test_reduce_sum_between_every_pair_of_formats_matches_ort() -> None:
     units = {(r.before, r.after): r.unit for r in results}
     assert units[("int8", "int16")] == units[("int16", "int8")] == "accelerator"
     assert units[("fp32", "int8")] == units[("int8", "fp32")] == "cpu"
+
+
+@pytest.mark.parametrize("formats", [("int8", "int16"), ("int16", "int16"), ("int8", "int8"),
+                                     ("fp32", "int16"), ("int16", "fp32")])
+def test_small_1d_cnn_with_a_reduce_sum_matches_ort(formats: tuple[str, str], tmp_path: Path,
+                                                    vela: VelaToolchain) -> None:
+    """The issue's case: a 1-D CNN (Conv1d -> Relu -> ReduceSum over time -> MatMul) with the
+    ReduceSum assigned fp32 between a conv and a MatMul in the formats given, on ethos_u55:
+    the 1-D Conv is written as a CONV_2D of height 1, and TFLite agrees with ONNX Runtime."""
+    from mpsearch.calibration import calibrate
+    from mpsearch.graph import load_model
+    from mpsearch.quantize import Quantizer
+
+    h, rng = onnx.helper, np.random.default_rng(0)
+    nodes = [h.make_node("Conv", ["input", "w"], ["c"], name="conv", pads=[1, 1]),
+             h.make_node("Relu", ["c"], ["r"], name="relu"),
+             h.make_node("ReduceSum", ["r", "axes"], ["s"], name="rsum", keepdims=0),
+             h.make_node("MatMul", ["s", "w2"], ["y"], name="fc")]
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal((8, 4, 3)).astype(np.float32),
+                                          "w"),
+             onnx.numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "w2"),
+             onnx.numpy_helper.from_array(np.array([2], np.int64), "axes")]
+    graph = h.make_graph(nodes, "cnn1d", [h.make_tensor_value_info(
+        "input", onnx.TensorProto.FLOAT, ["N", 4, 16])], [h.make_tensor_value_info(
+            "y", onnx.TensorProto.FLOAT, None)], inits)
+    model = onnx.shape_inference.infer_shapes(h.make_model(
+        graph, opset_imports=[h.make_opsetid("", 20)]))
+    loaded = load_model(model)
+    x = rng.standard_normal((16, 4, 16)).astype(np.float32)
+    profile = load_profile("ethos_u55")
+    quantizer = Quantizer(loaded, calibrate(loaded, Dataset(inputs={"input": x})), profile)
+    conv, fc = formats
+    built = quantizer.build(make_assignment(loaded, profile, {
+        "conv": conv, "relu": conv, "rsum": "fp32", "fc": fc}))
+    compiled = vela.compile(built, tmp_path, calibration=[{"input": x[:1]}], settings={})
+    assert {p.unit for p in compiled.placements if p.node == "conv"} == (
+        {"cpu"} if conv == "fp32" else {"accelerator"})
+    ours, theirs = vela.run(compiled, {"input": x})[0], _ort(built, x)
+    span = float(theirs.max() - theirs.min())
+    assert span > 1.0
+    assert float(np.abs(ours - theirs).max()) <= 0.01 * span
