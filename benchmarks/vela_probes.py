@@ -5,7 +5,9 @@ feature map in a given activation type and zero point; Vela says NPU or CPU and 
 TFLite's builtin kernels say whether they accept the file at all (the CPU fallback runs
 those kernels). A concept of its own (the profile's claims one operator at a time, not models
 through the toolchain: that is ``bench_targets.py``). ``python -m benchmarks.vela_probes``
-writes benchmarks/results/vela_probes.md (``--no-write`` prints only).
+writes benchmarks/results/vela_probes.md (``--no-write`` prints only); ``--chains ethos_u55``
+instead writes vela_probes_chains_ethos_u55.md: every probed op between a producer and a
+consumer in each pair of the profile's formats, TFLite's outputs against ONNX Runtime's.
 """
 
 from __future__ import annotations
@@ -153,10 +155,49 @@ def probe_rows(accelerators: tuple[str, ...], log: Callable[[str], None] = print
     return rows
 
 
+def chain_rows(profile_name: str, log: Callable[[str], None] = print) -> tuple[list[str], int]:
+    """Markdown rows of every probed op in fp32 between a producer and a consumer in each
+    pair of the profile's formats (what the writer emits for an input of one format and an
+    output of another), through Vela and TFLite against ONNX Runtime; and the failures."""
+    from mpsearch.profiles import load_profile
+    from mpsearch.targets._probes import PROBES, TOLERANCE, check_chains
+
+    ops = [o for o in PROBES if o not in ("Split", "Where")]  # two outputs / a bool input
+    rows, failed = [], 0
+    for r in check_chains(load_profile(profile_name), VelaToolchain(), ops, progress=log):
+        failed += not r.agrees
+        error = "-" if r.error is None else f"{r.error:.4f}"
+        verdict = "ok" if r.agrees else f"FAILS (> {TOLERANCE})" if r.error else "FAILS"
+        rows.append(f"| {r.op_type} | {r.before} | {r.after} | {r.unit} | {error} | {verdict} | "
+                    f"{r.reason.replace('|', '/')[:110] if not r.agrees else ''} |")
+    return rows, failed
+
+
+def _chains(profile_name: str, write: bool) -> int:
+    rows, failed = chain_rows(profile_name, log=lambda _: None)
+    text = "\n".join([
+        f"# {profile_name}: every op between formats, through the TFLite writer, Vela and TFLite",
+        "", f"Vela {VelaToolchain().version()}. Each row is `pre -> op -> post`: the op in fp32 "
+        "(the profile's float format, which the writer emits as an integer operator when both "
+        "neighbours are integer), `pre` and `post` in the formats shown, so the op reads one "
+        "format and writes another. `error`: the largest difference between TFLite's outputs "
+        "and ONNX Runtime's on the same QDQ model, over the output range (8 samples); `unit`: "
+        "where Vela places the op.", "",
+        f"{len(rows) - failed} of {len(rows)} agree.", "",
+        "| op | input format | output format | unit | error | verdict | reason |",
+        "|---|---|---|---|---|---|---|", *rows])
+    publish(f"vela_probes_chains_{profile_name}", text, write)
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--chains", metavar="PROFILE",
+                        help="instead: every op between every pair of PROFILE's formats")
     args = parser.parse_args(argv)
+    if args.chains:
+        return _chains(args.chains, not args.no_write)
     rows = probe_rows(ACCELERATORS, log=lambda _: None)
     text = "\n".join([
         "# Ethos-U profile claims checked through Vela, one operator per probe", "",

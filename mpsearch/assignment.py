@@ -238,10 +238,14 @@ def _clamped_by_q(
 def plan_nodes(
     graph: ModelGraph, profile: HardwareProfile, assignment: Mapping[str, str]
 ) -> tuple[NodePlan, ...]:
-    """The quantized nodes of ``assignment`` in topological order, with what each stores."""
+    """The quantized nodes of ``assignment`` in topological order, with what each stores.
+
+    A format the profile says ``runs_as`` another is planned as that one (fp32 as fp16 on the
+    HTP), so the model built, scored and sized is what the target computes."""
     plans = []
     for node in graph.nodes.values():
-        fmt = profile.format(assignment.get(node.name, profile.default_format))
+        fmt = profile.format(profile.computed_as(
+            assignment.get(node.name, profile.default_format)))
         if not node.quantizable or not _is_quantized(fmt):
             continue
         rule = profile.op_rule(node.op_type)

@@ -16,6 +16,7 @@ from typing import Any
 from mpsearch._yaml import LineDict, Section, load_yaml, merge_maps, suggest
 from mpsearch.errors import ProfileError
 from mpsearch.profiles._cpu import AUTO_X86_PROFILE, host_int8_isa, x86_profile_for
+from mpsearch.profiles._declared import check_runs_as, parse_withheld
 from mpsearch.profiles._types import (
     ACTIVATION_DTYPES,
     BIAS_DTYPES,
@@ -47,11 +48,12 @@ TOP_KEYS = ("schema", "name", "extends", "description", "versions", "sources", "
             "weight_only")
 REQUIRED_TOP = ("description", "versions", "sources", "formats", "default_format", "fallback",
                 "op_rules", "transition_cost", "memory_budget_bytes")
-FORMAT_KEYS = ("activation", "weight", "bias", "executes", "relative_cost")
+FORMAT_KEYS = ("activation", "weight", "bias", "executes", "relative_cost", "runs_as")
+REQUIRED_FORMAT = ("activation", "weight", "bias", "executes", "relative_cost")
 TENSOR_KEYS = ("dtype", "symmetric", "granularity", "axis", "scale", "narrow_range",
                "reduce_range")
 RULE_KEYS = ("formats", "exclude", "weight_granularity", "weight_axis", "fixed_qparams",
-             "same_input_precision", "same_input_scale", "cost")
+             "same_input_precision", "same_input_scale", "cost", "on_cpu", "withheld")
 INT_DTYPES = tuple(d for d in ACTIVATION_DTYPES if not d.startswith("float"))
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.]*$")
 
@@ -260,11 +262,12 @@ def _parse_formats(sec: Section) -> dict[str, Format]:
         if not isinstance(name, str) or not _NAME.match(name):
             sec.fail(name, f"format name {name!r} must be a word such as int8 or fp32")
         formats[name] = _parse_format(sec.section(name), name)
+    check_runs_as(sec, formats)
     return formats
 
 
 def _parse_format(sec: Section, name: str) -> Format:
-    sec.check_keys(FORMAT_KEYS, required=FORMAT_KEYS)
+    sec.check_keys(FORMAT_KEYS, required=REQUIRED_FORMAT)
     activation = _parse_tensor(sec.section("activation"), ACTIVATION_DTYPES)
     weight = _parse_tensor(sec.section("weight"), WEIGHT_DTYPES)
     bias = sec.get_str("bias", choices=BIAS_DTYPES)
@@ -277,7 +280,8 @@ def _parse_format(sec: Section, name: str) -> Format:
                  f"weights, got 'float16'")
     return Format(name=name, activation=activation, weight=weight, bias=bias,
                   executes=sec.get_str("executes", choices=EXECUTES),
-                  relative_cost=sec.get_float("relative_cost", positive=True, unknown=UNKNOWN))
+                  relative_cost=sec.get_float("relative_cost", positive=True, unknown=UNKNOWN),
+                  runs_as=sec.get_str("runs_as", None))
 
 
 def _parse_tensor(sec: Section, dtypes: tuple[str, ...]) -> TensorFormat:
@@ -334,7 +338,9 @@ def _parse_rule(sec: Section, op_type: str, formats: dict[str, Format]) -> OpRul
         fixed_qparams=_parse_qparams(sec, allowed, formats),
         same_input_precision=sec.get_bool("same_input_precision", False),
         same_input_scale=sec.get_bool("same_input_scale", False),
-        cost=_parse_cost(sec, allowed))
+        cost=_parse_cost(sec, allowed), on_cpu=sec.get_str("on_cpu", None),
+        withheld=parse_withheld(sec, allowed, names))
+
 
 
 def _parse_qparams(sec: Section, allowed: tuple[str, ...], formats: dict[str, Format],

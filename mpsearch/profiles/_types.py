@@ -227,6 +227,9 @@ class Format:
     ``emulated`` (Q/DQ around a float kernel, e.g. int16 on the ORT CPU EP).
     ``relative_cost``: compute time per MAC relative to the profile's ``cost_reference``
     (None = unknown).
+    ``runs_as``: another format of the profile whose numerics the target really computes
+    this one with (the HTP and RKNN run float32 nodes in float16); the search then scores
+    nodes of this format as that one (None = as declared).
     """
 
     name: str
@@ -235,6 +238,7 @@ class Format:
     bias: str
     executes: str
     relative_cost: float | None
+    runs_as: str | None = None
 
     def __post_init__(self) -> None:
         _check_choice(f"Format {self.name}", "bias", self.bias, BIAS_DTYPES)
@@ -252,9 +256,10 @@ class Format:
 
     def to_dict(self) -> dict[str, Any]:
         """YAML/JSON form, as a profile file writes it (without the name)."""
-        return {"activation": self.activation.to_dict(), "weight": self.weight.to_dict(),
-                "bias": self.bias, "executes": self.executes,
-                "relative_cost": self.relative_cost}
+        out = {"activation": self.activation.to_dict(), "weight": self.weight.to_dict(),
+               "bias": self.bias, "executes": self.executes,
+               "relative_cost": self.relative_cost}
+        return out if self.runs_as is None else {**out, "runs_as": self.runs_as}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -264,6 +269,10 @@ class OpRule:
     ``fixed_qparams`` maps an activation dtype (or a format name that is not a dtype name) to
     the (scale, zero_point) the target imposes on the op's output (16-bit Sigmoid on HTP).
     ``cost`` overrides a format's ``relative_cost`` for this op (None = unknown).
+    ``on_cpu``: why the target's toolchain runs this op on its host CPU in every format it
+    takes (e.g. the QNN EP has no Erf); None when the formats' ``executes`` say where.
+    ``withheld`` maps a format the toolchain takes for the op alone, but which the profile
+    does not offer, to why (it fails in context: RKNN's INT8 Softmax inside attention).
     """
 
     op_type: str
@@ -274,9 +283,12 @@ class OpRule:
     same_input_precision: bool = False
     same_input_scale: bool = False
     cost: Mapping[str, float | None] = field(default_factory=dict)
+    on_cpu: str | None = None
+    withheld: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "formats", tuple(self.formats))
+        object.__setattr__(self, "withheld", _frozen_map(self.withheld))
         object.__setattr__(self, "fixed_qparams", _frozen_map(self.fixed_qparams))
         object.__setattr__(self, "cost", _frozen_map(self.cost))
 
@@ -298,7 +310,8 @@ class OpRule:
             "weight_axis": self.weight_axis,
             "fixed_qparams": {k: list(v) for k, v in self.fixed_qparams.items()},
             "same_input_precision": self.same_input_precision,
-            "same_input_scale": self.same_input_scale, "cost": dict(self.cost)}
+            "same_input_scale": self.same_input_scale, "cost": dict(self.cost),
+            "on_cpu": self.on_cpu, "withheld": dict(self.withheld)}
         return {k: v for k, v in out.items() if v is not None and v is not False and v != {}}
 
 
@@ -393,6 +406,11 @@ class HardwareProfile:
         except KeyError:
             raise ProfileError(f"profile {self.name} has no format '{name}'"
                                f"{suggest(name, self.formats)}") from None
+
+    def computed_as(self, name: str) -> str:
+        """The format whose numerics the target computes ``name`` with: its ``runs_as``, else
+        itself."""
+        return self.format(name).runs_as or name
 
     def _by_rank(self, names: Iterable[str]) -> tuple[str, ...]:
         unique = set(names)

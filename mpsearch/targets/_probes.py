@@ -30,11 +30,15 @@ from mpsearch.quantize import Quantizer
 from mpsearch.runtime import create_session
 from mpsearch.targets._base import ACCELERATOR, Toolchain
 
-__all__ = ["PROBES", "SKIPPED", "ProbeResult", "check_profile", "probe_model"]
+__all__ = ["PROBES", "SKIPPED", "WITHHELD", "ChainResult", "ProbeResult", "chain_model",
+           "check_chains", "check_profile", "probe_model"]
 
 OPSET = 20
 SHAPE = (1, 4, 8, 8)
 SKIPPED = "skipped"
+#: The claim for a format the profile withholds with a reason (it fails in context): any
+#: outcome of the one-op probe agrees, and the reason is shown.
+WITHHELD = "withheld"
 #: Largest |toolchain - ORT CPU| of a probe, over the ORT output's range, that still agrees.
 TOLERANCE = 0.05
 
@@ -77,6 +81,9 @@ PROBES: dict[str, Callable[[], _Spec]] = {
     "Resize": lambda: ({"mode": "nearest"}, [("", np.zeros(0, np.float32)),
                                              np.array([1, 1, 2, 2], np.float32)]),
     "ReduceMean": lambda: ({"keepdims": 1}, [_i(-1)]),
+    "ReduceSum": lambda: ({"keepdims": 1}, [_i(-1)]),
+    "Pow": lambda: ({}, [np.array(2.0, np.float32)]),
+    **{op: (lambda: ({}, [])) for op in ("Exp", "Abs", "Neg")},
     "Pad": lambda: ({}, [_i(0, 0, 1, 1, 0, 0, 1, 1)]),
     "Reshape": lambda: ({}, [_i(1, 4, 64)]),
     "Flatten": lambda: ({"axis": 1}, []),
@@ -124,7 +131,7 @@ class ProbeResult:
 
     op_type: str
     format: str
-    claimed: str        # "accelerator", "cpu" or "no" (the profile does not offer it)
+    claimed: str        # "accelerator", "cpu", "no" (not offered) or "withheld" (with a reason)
     unit: str           # the toolchain's: "accelerator", "cpu", "error" or "skipped"
     precision: str
     expected: str       # the precision the format's activations call for
@@ -139,7 +146,7 @@ class ProbeResult:
         offer it. A toolchain error (the model does not compile) agrees only with a format the
         profile does not offer; a probe our
         builder cannot make (``skipped``) checks nothing."""
-        if self.unit == SKIPPED:
+        if self.unit == SKIPPED or self.claimed == WITHHELD:
             return True
         if self.unit == "error":  # the toolchain cannot take the model at all
             return self.claimed == "no"
@@ -152,13 +159,19 @@ class ProbeResult:
 
 
 def _expected(profile: HardwareProfile, fmt: str) -> str:
-    dtype = profile.format(fmt).activation.dtype
+    """The precision the target computes ``fmt`` in (its ``runs_as`` format's)."""
+    dtype = profile.format(profile.computed_as(fmt)).activation.dtype
     return {"float16": "fp16", "float32": "fp32"}.get(dtype, f"int{8 if '8' in dtype else 16}")
 
 
 def _claim(profile: HardwareProfile, op_type: str, fmt: str) -> str:
+    rule = profile.op_rule(op_type)
+    if rule is not None and fmt in rule.withheld:
+        return WITHHELD
     if fmt not in profile.formats_for(op_type):
         return "no"
+    if rule is not None and rule.on_cpu is not None:
+        return "cpu"
     return "cpu" if profile.format(fmt).executes == "cpu_fallback" else ACCELERATOR
 
 
@@ -204,6 +217,18 @@ def _probe(quantizer: Quantizer, tool: Toolchain, op_type: str, fmt: str,
            profile: HardwareProfile, settings: Mapping[str, object], x: np.ndarray,
            workdir: Path) -> ProbeResult:
     claimed, expected = _claim(profile, op_type, fmt), _expected(profile, fmt)
+    rule = profile.op_rule(op_type)
+    if claimed == WITHHELD and rule is not None:
+        withheld = rule.withheld[fmt]
+        result = _run_probe(quantizer, tool, op_type, fmt, claimed, expected, settings, x,
+                            workdir)
+        return dataclasses.replace(result, reason=f"withheld: {withheld}; {result.reason}"[:300])
+    return _run_probe(quantizer, tool, op_type, fmt, claimed, expected, settings, x, workdir)
+
+
+def _run_probe(quantizer: Quantizer, tool: Toolchain, op_type: str, fmt: str, claimed: str,
+               expected: str, settings: Mapping[str, object], x: np.ndarray,
+               workdir: Path) -> ProbeResult:
     try:
         model = quantizer.build(make_assignment(quantizer.graph, quantizer.profile,
                                                 {"probe": fmt}))
@@ -238,3 +263,88 @@ def _probe(quantizer: Quantizer, tool: Toolchain, op_type: str, fmt: str,
     error = float(np.abs(target.astype(np.float64) - ref).max()) / span
     return ProbeResult(op_type=op_type, format=fmt, claimed=claimed, unit=unit,
                        precision=precision, expected=expected, error=error, reason=reason)
+
+
+def chain_model(op_type: str) -> onnx.ModelProto:
+    """:func:`probe_model` between two nodes of its own: ``pre`` (Mul by 1.25) makes the
+    probe's input and ``post`` (Mul by 0.8) reads its output, so each can be given a format
+    of its own (the probe's input and output formats)."""
+    model = probe_model(op_type)
+    graph = model.graph
+    graph.input[0].name = "x0"
+    graph.initializer.extend([numpy_helper.from_array(np.array(1.25, np.float32), "k_pre"),
+                              numpy_helper.from_array(np.array(0.8, np.float32), "k_post")])
+    graph.node.insert(0, helper.make_node("Mul", ["x0", "k_pre"], ["x"], name="pre"))
+    graph.node.append(helper.make_node("Mul", ["y", "k_post"], ["z"], name="post"))
+    graph.output[0].CopyFrom(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
+    del graph.value_info[:]
+    return onnx.shape_inference.infer_shapes(model)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ChainResult:
+    """One (op, input format, output format) chain: its error against ONNX Runtime's CPU EP
+    (None when it did not build, compile or run: ``reason`` says which)."""
+
+    op_type: str
+    before: str
+    after: str
+    unit: str
+    error: float | None
+    reason: str = ""
+
+    @property
+    def agrees(self) -> bool:
+        """Built and within :data:`TOLERANCE`, or not built by our builder (nothing to ask)."""
+        if self.unit == SKIPPED:
+            return True
+        return self.error is not None and self.error <= TOLERANCE
+
+
+def check_chains(profile: HardwareProfile, tool: Toolchain, ops: Sequence[str], *,
+                 progress: Callable[[str], None] | None = None) -> tuple[ChainResult, ...]:
+    """Every op of ``ops`` in the profile's default (float) format between a producer and a
+    consumer in every pair of the profile's formats: what the toolchain's writer emits for an
+    input of one format and an output of another, against ONNX Runtime."""
+    settings = {} if profile.toolchain is None else dict(profile.toolchain.settings)
+    every = tuple(profile.formats)
+    results: list[ChainResult] = []
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="mpsearch-chain-") as tmp:
+        for op_type in ops:
+            graph = load_model(chain_model(op_type))
+            shape = _SHAPES.get(op_type, SHAPE)
+            x = rng.standard_normal((8, *shape[1:])).astype(np.float32)
+            relaxed = dataclasses.replace(profile, op_rules={
+                **profile.op_rules, "Mul": OpRule(op_type="Mul", formats=every),
+                op_type: OpRule(op_type=op_type, formats=every)})
+            quantizer = Quantizer(graph, calibrate(graph, Dataset(inputs={"x0": x})), relaxed)
+            for before in every:
+                for after in every:
+                    if progress is not None:
+                        progress(f"{op_type} {before}>{after}")
+                    results.append(_chain(quantizer, tool, op_type, before, after, settings,
+                                          x, Path(tmp) / f"{op_type}_{before}_{after}"))
+    return tuple(results)
+
+
+def _chain(quantizer: Quantizer, tool: Toolchain, op_type: str, before: str, after: str,
+           settings: Mapping[str, object], x: np.ndarray, workdir: Path) -> ChainResult:
+    common = {"op_type": op_type, "before": before, "after": after}
+    try:
+        model = quantizer.build(make_assignment(quantizer.graph, quantizer.profile, {
+            "pre": before, "probe": quantizer.profile.default_format, "post": after}))
+    except MpsearchError as e:
+        return ChainResult(**common, unit=SKIPPED, error=None, reason=f"not built: {e}"[:300])
+    try:
+        compiled = tool.compile(model, workdir, calibration=[{"x0": x[:1]}], settings=settings)
+        target = np.concatenate([tool.run(compiled, {"x0": x[i:i + 1]})[0]
+                                 for i in range(len(x))])
+    except MpsearchError as e:
+        return ChainResult(**common, unit="error", error=None, reason=str(e)[:300])
+    placed = [p for p in compiled.placements if p.node == "probe"]
+    ref = create_session(model).run({"x0": x})["z"].astype(np.float64)
+    span = float(ref.max() - ref.min()) or 1.0
+    return ChainResult(**common, unit=placed[0].unit if placed else "-",
+                       error=float(np.abs(target.astype(np.float64) - ref).max()) / span,
+                       reason=placed[0].reason if placed else "")

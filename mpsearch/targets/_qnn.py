@@ -32,6 +32,7 @@ from mpsearch.errors import MpsearchError, TargetError
 from mpsearch.profiles import toolchain_setting_problem
 from mpsearch.runtime import Session, create_plugin_session, ort_version
 from mpsearch.targets._base import ACCELERATOR, CPU, Compiled, Placement
+from mpsearch.targets._cpu_cost import with_cpu_estimate
 from mpsearch.targets._gelu import find_gelu
 from mpsearch.targets._static import fix_shapes
 
@@ -152,7 +153,10 @@ class QnnToolchain:
         full = f"onnxruntime-qnn {version}" + (f", QNN {backend.group(1)}" if backend else "")
         cycles, per_node = self._profile(artifact, workdir, library, options, calibration[0])
         placements = _placements(static, refused, cpu_nodes, per_node)
-        cost = {"cycles": cycles} if cycles is not None else {}
+        if cycles is None and placements and all(p.unit != ACCELERATOR for p in placements):
+            cycles = 0.0  # no HTP graph at all: nothing on the accelerator to profile
+        cost = (with_cpu_estimate({"cycles": cycles}, static, placements, self.name)
+                if cycles is not None else {})
         binaries = list(workdir.glob("model_ctx*.bin"))
         if binaries:
             cost["context_bytes"] = float(sum(b.stat().st_size for b in binaries))

@@ -31,6 +31,9 @@ from mpsearch.targets._tflite_flat import FlatModel, FlatTensor
 __all__ = ["Lowering", "Signature", "Value", "lower"]
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
+#: How a node refused only because an input's producer was not written says so.
+_UNWRITTEN = ("is neither computed before the node nor an initializer",
+              "was not written: its producer has no lowering")
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
 
@@ -258,8 +261,12 @@ def lower(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> tupl
         else:
             lower_node(low, node, outputs)
     if low.unsupported:
-        raise TargetError(f"{len(low.unsupported)} node(s) have no TFLite equivalent: "
-                          + "; ".join(low.unsupported))
+        after = [u for u in low.unsupported if any(m in u for m in _UNWRITTEN)]
+        roots = [u for u in low.unsupported if u not in after] or after
+        tail = f"; {len(after)} node(s) after them not written" if len(roots) < len(
+            low.unsupported) else ""
+        raise TargetError(f"{len(roots)} node(s) have no TFLite equivalent: "
+                          + "; ".join(roots) + tail)
     nhwc_out = []
     for out in model.graph.output:
         value = low.values[out.name]

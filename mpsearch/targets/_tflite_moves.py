@@ -43,14 +43,19 @@ def _transpose(n: Node) -> list[Value]:
 
 def _gather(n: Node) -> list[Value]:
     indices = n.const_array(1)
-    if indices is None:
-        raise refuse("Gather with computed indices")
     x = n.x(0, nhwc=False)
     axis = n.integer("axis", 0)
     axis = axis + len(x.shape) if axis < 0 else axis
-    idx = np.where(indices < 0, indices + x.shape[axis], indices).astype(np.int32)
+    if indices is None:  # computed (token ids): TFLite's GATHER takes int64 positions
+        given = n.ins[1]
+        if given is None or given.index is None or given.q is not None:
+            raise refuse("Gather with computed indices that are not an integer tensor")
+        where = given.index
+    else:
+        idx = np.where(indices < 0, indices + x.shape[axis], indices).astype(np.int32)
+        where = n.low.const(f"{n.name}_idx", idx)
     shape = n.low.shape_of(n.proto.output[0])
-    return [n.emit("GATHER", (x.index or 0, n.low.const(f"{n.name}_idx", idx)),
+    return [n.emit("GATHER", (x.index or 0, where),
                    n.output(0, shape, dtype=n.kind(x)), "GatherOptions", axis=axis, batch_dims=0)]
 
 
@@ -84,8 +89,9 @@ def _slice(n: Node) -> list[Value]:
         a = int(a) + rank if int(a) < 0 else int(a)
         dim = x.shape[a]
         step = 1 if steps is None else int(steps.reshape(-1)[k])
-        if step != 1:
-            raise refuse("Slice with a step other than 1")
+        if step < 1:
+            raise refuse("Slice with a negative step")
+        stride[a] = step
         b, e = int(starts.reshape(-1)[k]), int(ends.reshape(-1)[k])
         begin[a] = max(0, min(dim, b + dim if b < 0 else b))
         end[a] = max(0, min(dim, e + dim if e < 0 else e))
@@ -235,14 +241,10 @@ def _cast(n: Node) -> list[Value]:
     return [n.emit("CAST", (x.index or 0,), n.output(0, x.shape, x.nhwc, dtype=str(to)))]
 
 
-def _erf(n: Node) -> list[Value]:
-    raise refuse("TFLite has no ERF builtin (GELU's erf form is not matched to GELU)")
-
-
 MOVE_WRITERS: dict[str, Callable[[Node], list[Value]]] = {
     "Reshape": _reshape, "Flatten": _reshape, "Squeeze": _reshape, "Unsqueeze": _reshape,
     "Identity": _identity, "Transpose": _transpose, "Gather": _gather, "Split": _split,
-    "Slice": _slice, "Pad": _pad, "Concat": _concat, "Erf": _erf, "Expand": _expand,
+    "Slice": _slice, "Pad": _pad, "Concat": _concat, "Expand": _expand,
     "ReduceMax": _reduce_max, "GlobalMaxPool": _reduce_max, "Equal": _equal, "Cast": _cast,
     "LayerNormalization": layer_norm,
 }

@@ -1,5 +1,6 @@
 """One ONNX node (of our QDQ export) -> TFLite operators, by the writer tables
-(:data:`._tflite_writers.WRITERS`, :data:`._tflite_moves.MOVE_WRITERS`).
+(:data:`._tflite_writers.WRITERS`, :data:`._tflite_extra.EXTRA_WRITERS`,
+:data:`._tflite_moves.MOVE_WRITERS`).
 
 :func:`lower_node` decides whether the node is written integer (its activation inputs are
 quantized tensors and each output is read by one QuantizeLinear alone) or float32 (behind
@@ -24,10 +25,10 @@ __all__ = ["Node", "limits", "lower_node", "lower_qdq", "nhwc_const", "quantize"
 #: Data movement: the output is on the input's grid.
 MOVES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Gather",
                    "Identity", "Split", "Slice", "Pad", "MaxPool", "Expand", "ReduceMax",
-                   "GlobalMaxPool"})
+                   "GlobalMaxPool", "DepthToSpace", "SpaceToDepth"})
 #: Ops whose constant inputs are tensors of the computation (a float one keeps the node float).
-CONSTANT_OPERANDS = frozenset({"Conv", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Max",
-                               "Min", "Concat", "PRelu", "LayerNormalization"})
+CONSTANT_OPERANDS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul",
+                               "Div", "Max", "Min", "Concat", "PRelu", "LayerNormalization"})
 #: TFLite integer kernels whose output grid is fixed: (int8 scale, zero), (int16 scale, zero).
 FIXED = {"LOGISTIC": ((1 / 256, -128), (1 / 32768, 0)), "SOFTMAX": ((1 / 256, -128),
          (1 / 32768, 0)), "TANH": ((1 / 128, 0), (1 / 32768, 0))}
@@ -252,10 +253,12 @@ def _fused_grids(low: Lowering, node: onnx.NodeProto, outputs: Set[str]
 
 def lower_node(low: Lowering, node: onnx.NodeProto, outputs: Set[str]) -> None:
     """Write ``node`` (see the module docstring); records its outputs in ``low.values``."""
+    from mpsearch.targets._tflite_extra import EXTRA_WRITERS
     from mpsearch.targets._tflite_moves import MOVE_WRITERS
     from mpsearch.targets._tflite_writers import WRITERS
 
-    writer = WRITERS.get(node.op_type) or MOVE_WRITERS.get(node.op_type)
+    writer = (EXTRA_WRITERS.get(node.op_type) or WRITERS.get(node.op_type)
+              or MOVE_WRITERS.get(node.op_type))
     if writer is None:
         low.refuse(node, "no TFLite builtin operator is written for this op type")
         return
@@ -280,8 +283,54 @@ def lower_node(low: Lowering, node: onnx.NodeProto, outputs: Set[str]) -> None:
         return
     grids = [low.qparams(r) for r in readers]
     names = [r.output[0] for r in readers]
-    if _record(low, node, Node(low, node, ins, list(grids), names), writer, names):
+    wide = {v.q.dtype for v in activations if v.q is not None} | {g.dtype for g in grids}
+    if (_mixed(low, node, writer, ins, grids, names) if len(wide) > 1  # one type a kernel
+            else _record(low, node, Node(low, node, ins, list(grids), names), writer, names,
+                         quiet=True)):
         low.fused.update(r.name for r in readers)
+        return
+    # no integer operator for it: float behind DEQUANTIZE, as ONNX Runtime computes the QDQ
+    # node (the QuantizeLinear after it becomes QUANTIZE); Vela puts it on the CPU
+    ctx = Node(low, node, ins, [None] * len(node.output), list(node.output))
+    _record(low, node, ctx, writer, list(node.output))
+
+
+def _mixed(low: Lowering, node: onnx.NodeProto, writer: Writer, ins: list[Value | None],
+           grids: list[QParams], names: list[str]) -> bool:
+    """A node whose integer inputs and outputs differ in type (an fp32 node between an int8
+    producer and an int16 consumer): TFLite's kernels read and write one type, so the node is
+    computed in int16. An int8 input is requantized exactly onto int16 (its codes times 128,
+    zero point 0); an int8 output is computed onto int16 at 1/128 of its scale, then a
+    QUANTIZE writes it (the int16 rounding is 128 times finer than the int8 one)."""
+    def wide(q: QParams) -> QParams:
+        return QParams(scale=(q.scale.astype(np.float64) / 128).astype(np.float32),
+                       zero=np.zeros(q.scale.size, np.int64), dtype="int16")
+
+    wider: list[Value | None] = []
+    for v in ins:
+        if v is None or v.constant or v.q is None or v.q.dtype == "int16" or v.index is None:
+            wider.append(v)
+            continue
+        grid = wide(v.q)
+        moved = Value(shape=v.shape, q=grid, nhwc=v.nhwc)
+        index = low.tensor(f"{low.flat.tensors[v.index].name}_i16", low.tflite_shape(moved),
+                           grid)
+        low.flat.op("QUANTIZE", (v.index,), (index,), node.name)
+        wider.append(Value(shape=v.shape, index=index, q=grid, nhwc=v.nhwc))
+    mids = [g if g.dtype == "int16" else wide(g) for g in grids]
+    inner = [n if g.dtype == "int16" else f"{n}__i16" for n, g in zip(names, grids, strict=True)]
+    if not _record(low, node, Node(low, node, wider, list(mids), inner), writer, inner,
+                   quiet=True):
+        return False
+    for name, mid, grid in zip(names, inner, grids, strict=True):
+        if name == mid or mid not in low.values:
+            continue
+        value = low.values.pop(mid)
+        out = Value(shape=value.shape, q=grid, nhwc=value.nhwc)
+        index = low.tensor(name, low.tflite_shape(out), grid)
+        low.flat.op("QUANTIZE", (value.index or 0,), (index,), node.name)
+        low.values[name] = Value(shape=value.shape, index=index, q=grid, nhwc=value.nhwc)
+    return True
 
 
 def lower_gelu(low: Lowering, div: onnx.NodeProto, gelu: Gelu, outputs: Set[str]) -> None:
@@ -308,11 +357,14 @@ def lower_gelu(low: Lowering, div: onnx.NodeProto, gelu: Gelu, outputs: Set[str]
 
 
 def _record(low: Lowering, node: onnx.NodeProto, ctx: Node, writer: Writer,
-            names: list[str]) -> bool:
+            names: list[str], *, quiet: bool = False) -> bool:
+    """Write ``node`` with ``writer``; a refusal is recorded unless ``quiet`` (the caller then
+    writes the node otherwise)."""
     try:
         made = writer(ctx)
     except _Refused as e:
-        low.refuse(node, str(e))
+        if not quiet:
+            low.refuse(node, str(e))
         return False
     for name, value in zip(names, made or [], strict=False):
         low.values[name] = value

@@ -234,16 +234,6 @@ def _gelu(n: Node) -> list[Value]:
     return _unary("GELU", "GeluOptions", approximate=approximate == "tanh")(n)
 
 
-def _clip(n: Node) -> list[Value]:
-    lo, hi = n.const_array(1), n.const_array(2)
-    bounds = (None if lo is None else float(lo), None if hi is None else float(hi))
-    codes = {(0.0, None): "RELU", (0.0, 6.0): "RELU6", (-1.0, 1.0): "RELU_N1_TO_1",
-             (0.0, 1.0): "RELU_0_TO_1"}
-    if bounds not in codes:
-        raise refuse(f"Clip{bounds} has no TFLite activation")
-    return _unary(codes[bounds])(n)
-
-
 def _softmax(n: Node) -> list[Value]:
     x = n.x(0, nhwc=False)
     if _axis(n.integer("axis", -1), len(x.shape), False) != len(x.shape) - 1:
@@ -362,11 +352,11 @@ WRITERS: dict[str, Callable[[Node], list[Value]]] = {
     "Mul": _elementwise("MUL", "MulOptions", fused_activation_function=0),
     "Div": _elementwise("DIV", "DivOptions", fused_activation_function=0),
     "Max": _extremum("MAXIMUM"), "Min": _extremum("MINIMUM"),
-    "Relu": _unary("RELU"), "Clip": _clip, "Sigmoid": _unary("LOGISTIC"),
-    "Tanh": _unary("TANH"), "HardSwish": _unary("HARD_SWISH"), "Gelu": _gelu,
+    "Relu": _unary("RELU"), "Sigmoid": _unary("LOGISTIC"),
+    "Tanh": _unary("TANH"), "Gelu": _gelu,
     "HardSigmoid": _hard_sigmoid,
     "Exp": _unary("EXP"),
-    "Abs": _unary("ABS"), "Neg": _unary("NEG"), "Sqrt": _unary("SQRT"),
+    "Abs": _unary("ABS"), "Sqrt": _unary("SQRT"),
     "Softmax": _softmax, "GlobalAveragePool": _global_pool, "ReduceMean": _reduce("MEAN"),
     "ReduceSum": _reduce("SUM"), "Reciprocal": _reciprocal,
     "AveragePool": _pool("AVERAGE_POOL_2D"), "MaxPool": _pool("MAX_POOL_2D"),

@@ -33,6 +33,7 @@ import onnx
 from mpsearch.errors import TargetError
 from mpsearch.profiles import toolchain_setting_problem
 from mpsearch.targets._base import Compiled
+from mpsearch.targets._cpu_cost import with_cpu_estimate
 from mpsearch.targets._shapes import fixed_input_shapes, static_shapes
 from mpsearch.targets._tflite_lower import lower
 from mpsearch.targets._vela_report import placements, read_report
@@ -125,8 +126,9 @@ class VelaToolchain:
         _write(workdir / "model.json", json.dumps(record, indent=1).encode())
         if fixed:
             logger.info("vela: inputs fixed to static shapes %s", fixed)
+        cost = with_cpu_estimate(report.cost, model, placed, self.name)
         return Compiled(toolchain=self.name, version=self.version(), placements=placed,
-                        cost=dict(report.cost), artifact=artifact if artifact.exists() else None,
+                        cost=cost, artifact=artifact if artifact.exists() else None,
                         log=stdout)
 
     def run(self, compiled: Compiled, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:

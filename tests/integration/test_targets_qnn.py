@@ -331,9 +331,9 @@ def test_profiles_check_reports_the_toolchains_verdicts(tmp_path: Path) -> None:
     import json
 
     out = subprocess.run([sys.executable, "-m", "mpsearch", "profiles", "check", "qnn_htp",
-                          "--ops", "Conv,Gelu", "--json"], capture_output=True, text=True,
+                          "--ops", "Conv,Gelu,Erf", "--json"], capture_output=True, text=True,
                          timeout=600)
-    assert out.returncode == 1, out.stderr  # fp32 computes in fp16 on the HTP
+    assert out.returncode == 0, out.stderr  # the profile says what the HTP does
     report = json.loads(out.stdout)
     rows = {(r["op_type"], r["format"]): r for r in report["probes"]}
     assert report["settings"] == SETTINGS
@@ -341,9 +341,16 @@ def test_profiles_check_reports_the_toolchains_verdicts(tmp_path: Path) -> None:
         conv = rows[("Conv", fmt)]
         assert (conv["unit"], conv["precision"], conv["agrees"]) == (
             "accelerator", precision, True)
-    # the float Conv is the HTP's too, computed in half precision
-    assert rows[("Conv", "fp32")]["unit"] == "accelerator"
-    assert rows[("Conv", "fp32")]["precision"] == "fp16"
+    # the float Conv is the HTP's too, computed in half precision, as the profile's
+    # fp32 runs_as fp16 says: the probe (built as fp16) agrees with ONNX Runtime
+    conv = rows[("Conv", "fp32")]
+    assert (conv["unit"], conv["precision"], conv["expected"], conv["agrees"]) == (
+        "accelerator", "fp16", "fp16", True)
+    assert conv["error"] <= 0.05
+    # the QNN EP has no Erf: the profile's on_cpu says so
+    erf = rows[("Erf", "fp32")]
+    assert (erf["claimed"], erf["unit"], erf["agrees"]) == ("cpu", "cpu", True)
+    assert "not supported by QNN EP" in erf["reason"]
     # float Gelu finalizes on the SoC the profile names (without one it does not)
     gelu = rows[("Gelu", "fp16")]
     assert (gelu["claimed"], gelu["unit"], gelu["precision"], gelu["agrees"]) == (
@@ -365,3 +372,22 @@ def test_verify_is_checked_strictly_and_needs_a_profile_with_a_toolchain(
     x86.write_text(x86.read_text().replace("profile: qnn_htp", "profile: x86_ort"))
     with pytest.raises(SpecError, match="profile x86_ort names no toolchain"):
         search_run(load_spec(x86), tmp_path / "run")
+
+
+def test_cost_counts_a_node_left_to_the_cpu(tmp_path: Path) -> None:
+    """A lone Erf (no Erf in the QNN EP) leaves nothing on the HTP to profile; its cost is its
+    work on the host core (4 FLOPs per element, summary's count), not an empty record."""
+    from mpsearch.targets._cpu_cost import HOST_FLOPS_PER_CYCLE
+    from mpsearch.targets._probes import probe_model
+
+    tool = toolchain("qnn")
+    x = np.zeros((1, 4, 8, 8), np.float32)
+    erf = tool.compile(probe_model("Erf"), tmp_path / "erf", calibration=[{"x": x}],
+                       settings=SETTINGS)
+    assert [(p.node, p.unit) for p in erf.placements] == [("probe", CPU)]
+    assert erf.cost["cycles_toolchain"] == 0.0 and erf.cost["cpu_flops"] == 4 * x.size
+    assert erf.cost["cycles"] == 4 * x.size / HOST_FLOPS_PER_CYCLE["qnn"]
+    conv = tool.compile(probe_model("Conv"), tmp_path / "conv", calibration=[{"x": x}],
+                        settings=SETTINGS)
+    assert conv.fallback == () and conv.cost["cpu_flops"] == 0.0
+    assert conv.cost["cycles"] == conv.cost["cycles_toolchain"] > 0
