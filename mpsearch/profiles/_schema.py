@@ -205,7 +205,7 @@ def _parse_toolchain(root: Section) -> ToolchainRef | None:
     sec = root.section("toolchain")
     name = sec.get_str("name", choices=tuple(TOOLCHAIN_SETTINGS))
     known = TOOLCHAIN_SETTINGS[name]
-    sec.check_keys(("name", *known), required=("name",))
+    sec.check_keys(("name", "tolerance", *known), required=("name",))
     settings: dict[str, Any] = {}
     for key in known:
         if key in sec:
@@ -213,7 +213,14 @@ def _parse_toolchain(root: Section) -> ToolchainRef | None:
             if not isinstance(value, (str, int, float, bool)):
                 sec.fail(key, f"{sec.path(key)} must be a string or a number, got {value!r}")
             settings[key] = value
-    return ToolchainRef(name=name, settings=settings)
+    tolerance = sec.data.get("tolerance")
+    if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(
+            tolerance, (int, float)) or not 0 <= tolerance < float("inf")):
+        sec.fail("tolerance", f"{sec.path('tolerance')} must be a number >= 0 (the largest "
+                 f"|target - ONNX Runtime| metric difference a verified point may show), got "
+                 f"{tolerance!r}")
+    return ToolchainRef(name=name, settings=settings,
+                        tolerance=None if tolerance is None else float(tolerance))
 
 
 def _unknowns(notes: tuple[str, ...], formats: dict[str, Format], rules: dict[str, OpRule],
