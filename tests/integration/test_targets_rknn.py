@@ -265,3 +265,32 @@ def test_rk3588_formats_the_toolkit_accepts(tmp_path: Path) -> None:
     with pytest.raises(TargetError, match="w8a16' not support in 'rk3588'"):
         TOOLCHAIN.compile(model, tmp_path / "w8a16", calibration=samples,
                           settings={"quantized_dtype": "w8a16"})
+
+
+@needs_rknn
+def test_a_relative_out_with_a_space_verifies_every_shown_point(tmp_path: Path) -> None:
+    """The toolkit's worker runs in its own folder: a relative run directory (with a space)
+    is resolved before it is handed over, so every shown point compiles and simulates."""
+    import json
+    import subprocess
+    import sys
+
+    spec = tmp_path / "demo_rk.yaml"
+    spec.write_text(
+        f"model: {DEMO_MODEL}\nprofile: rk3588\n"
+        f"data: {{source: {DEMO_DATA}, calibration: 128, held_out: 0.5, seed: 0}}\n"
+        "metric: accuracy\nobjectives: [metric, size]\nbudget: {trials: 3}\n"
+        "analysis: false\nseed: 0\nverify: front\n")
+    done = subprocess.run([sys.executable, "-m", "mpsearch", "-q", "search", spec.name,
+                           "--out", "runs/rel out", "--no-report"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    front = json.loads((tmp_path / "runs" / "rel out" / "front.json").read_text())
+    shown = [p for p in front["points"] if p["shown"]]
+    assert shown
+    for point in shown:
+        assert point["target_placement"]["toolchain"] == "rknn", point["target_placement"]
+        assert point["target_placement"].get("error") is None
+        assert point["target_metric"] is not None and point["target_failure"] is None
+        assert abs(point["target_metric"] - point["metric"]) <= 0.01
+    assert "verdict" in done.stdout and " ok" in done.stdout
