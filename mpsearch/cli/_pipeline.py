@@ -132,7 +132,7 @@ def _no_verified_point(front: Front) -> str | None:
     if not shown or any(p.target_placement is None or not p.target_failure for p in shown):
         return None
     tool = (shown[0].target_placement or {}).get("toolchain", "the target")
-    reasons = "; ".join(f"point {p.index}: {p.target_failure}" for p in shown)
+    reasons = "; ".join(f"point {p.index}: {_clip(str(p.target_failure))}" for p in shown)
     return (f"no verified point: all {len(shown)} shown point(s) failed verification on "
             f"{tool} ({reasons})")
 
@@ -161,6 +161,10 @@ def _print_targets(points: Any) -> None:
             print(f"      failed  {p.target_failure}")
         for node in placed["fallback"]:
             print(f"      cpu  {node['node']}: {node['reason']}")
+
+
+def _clip(text: str, width: int = 160) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def _report(run_dir: Path) -> None:

@@ -2,9 +2,10 @@
 
 Consumes ``front.json`` of a run searched with ``verify: toolchain`` or ``front``; produces
 HTML: per point the verdict (a point the target rejected is marked FAILED with the reason),
-the held-out metric in ONNX Runtime and on the target and their difference, the nodes on the accelerator, the toolchain's cost figures, and (folded) every node's unit,
-precision, cycles and the toolchain's reason when it is not on the accelerator. Every text
-from the run is escaped.
+the held-out metric in ONNX Runtime and on the target and their difference, the nodes on the
+accelerator, the toolchain's cost figures, and (folded) every node's unit, precision, cycles
+and the toolchain's reason when it is not on the accelerator. Every text from the run is
+escaped.
 """
 
 from __future__ import annotations

@@ -177,7 +177,7 @@ class TargetVerifier:
     @staticmethod
     def _log(point: FrontPoint, record: Verified, metric: str) -> None:
         if record.error is not None:
-            logger.warning("front point %d: %s", point.index, record.error)
+            logger.info("front point %d: %s", point.index, record.error)  # in front.json
             return
         placed = record.placement or {}
         logger.info("front point %d on %s: %s %.4f (ONNX Runtime %.4f), %d node(s) on the CPU, "

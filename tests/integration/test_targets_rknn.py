@@ -239,12 +239,33 @@ def test_transformer_erf_falls_back_to_the_cpu(tmp_path: Path) -> None:
 
 
 @needs_rknn
-def test_a_toolkit_crash_is_a_target_error(tmp_path: Path) -> None:
-    """Uniform INT8 on the transformer segfaults RKNN-Toolkit2 2.5.0 (int8 Mul/Softmax in the
-    attention block): the adapter says so in one error, never with the worker's traceback."""
+def test_a_toolkit_crash_is_recorded_with_its_last_lines_and_is_infeasible(
+        tmp_path: Path) -> None:
+    """Uniform INT8 on the transformer kills RKNN-Toolkit2 2.5.0 (int8 Mul/Softmax in the
+    attention block): the error carries the signal and the toolkit's last lines, never our
+    traceback; the search's feasibility check calls it infeasible with those words without
+    compiling it twice, and a verified point records it as its failure."""
+    from mpsearch.evaluate import Evaluator
+    from mpsearch.targets._base import ToolchainCrash
+    from mpsearch.targets._verify import TargetVerifier
+
     prepared = _prepared(FIXTURES / "transformer.onnx", FIXTURES / "digits_eval.npz")
-    with pytest.raises(TargetError, match="crashed"):
-        _compile(prepared, _qdq(prepared), tmp_path)
+    data = prepared.validation.take(8)
+    verifier = TargetVerifier(prepared.quantizer, tmp_path, next(iter(data.batches(1))))
+    assignment = make_assignment(prepared.graph, prepared.profile, uniform_assignment(
+        prepared.graph, prepared.profile, "int8"))
+    with pytest.raises(ToolchainCrash) as crash:
+        verifier.compile(assignment)
+    assert crash.value.status is not None and crash.value.status < 0
+    assert crash.value.tail and str(crash.value).endswith(f"its last lines: {crash.value.tail}")
+    assert "Traceback" not in str(crash.value)
+    why = verifier.refusal(assignment)
+    assert why is not None and why.startswith("the toolchain cannot compile it: ")
+    assert f"crashed (exit status {crash.value.status})" in why
+    record = verifier.verify(assignment, Evaluator(prepared.graph, data, metric="agreement"))
+    assert record.metric is None and record.error is not None
+    assert record.error.startswith("rknn crashed while compiling it: ")
+    assert verifier.compiles == 1  # the crash is remembered, not compiled again
 
 
 @needs_rknn

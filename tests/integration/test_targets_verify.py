@@ -102,3 +102,40 @@ def test_a_stopped_verification_keeps_its_points_and_resume_goes_on(
         assert point.target_metric is not None and point.target_placement is not None
         within = abs(point.target_metric - point.metric) <= 0.01 + 1e-9
         assert (point.target_failure is None) == within, point.target_failure
+
+
+def test_every_shown_point_rejected_exits_4_saying_why(tmp_path: Path) -> None:
+    """A profile whose toolchain settings Vela refuses: every shown point fails to compile,
+    is marked in front.json, the CLI's tables and the report, and the search exits 4."""
+    import subprocess
+    import sys
+
+    from mpsearch.errors import EXIT_NO_VERIFIED_POINT
+    from mpsearch.profiles import load_profile
+
+    text = Path(load_profile("ethos_u55").path).read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("toolchain:"))
+    profile = tmp_path / "u55_bad.yaml"
+    profile.write_text(text.replace(line, "toolchain: {name: vela, accelerator_config: "
+                                          "ethos-u55-7}"))
+    spec = _spec(tmp_path, str(profile), trials=3)
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "mpsearch", "-q", "search", str(spec),
+                           "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == EXIT_NO_VERIFIED_POINT == 4, done.stdout + done.stderr
+    front = json.loads((out / "front.json").read_text())
+    shown = [p for p in front["points"] if p["shown"]]
+    assert shown
+    for point in shown:
+        assert point["target_metric"] is None
+        assert point["target_failure"].startswith("vela could not compile it: ")
+        assert "ethos-u55-7" in point["target_failure"]
+        assert f"point {point['index']} (target failed)" in done.stdout
+    assert f"no verified point: all {len(shown)} shown point(s) failed verification on vela" \
+        in done.stdout
+    assert done.stdout.count("FAILED") == len(shown)
+    report = (out / "report.html").read_text()
+    section = report[report.index('<section id="target">'):]
+    assert f"<b>{len(shown)} of {len(shown)} verified point(s) failed on the target</b>" \
+        in section
+    assert section.count("<td>FAILED: vela could not compile it: ") == len(shown)
