@@ -143,19 +143,24 @@ def _print_targets(points: Any) -> None:
     if not checked:
         return
     first = checked[0].target_placement
-    print(f"\non {first.get('toolchain')} ({first.get('version', '')}), held-out:")
+    samples = next((p.target_placement.get("samples") for p in checked
+                    if p.target_placement.get("ort_metric") is not None), None)
+    where = "held-out" if samples is None else (
+        f"the first {samples} held-out samples (evaluation.target_samples), ORT on the same")
+    print(f"\non {first.get('toolchain')} ({first.get('version', '')}), {where}:")
     print(f"{'point':>5} {'ORT':>9} {'target':>9} {'diff':>8} {'on CPU':>6} {'cycles':>10}"
           "  verdict")
     for p in checked:
         placed = p.target_placement
         verdict = "FAILED" if p.target_failure else "ok"
+        ort = p.metric if placed.get("ort_metric") is None else placed["ort_metric"]
         if p.target_metric is None:
-            print(f"{p.index:>5} {p.metric:>9.4f} {'-':>9} {'-':>8} {'-':>6} {'-':>10}  "
+            print(f"{p.index:>5} {ort:>9.4f} {'-':>9} {'-':>8} {'-':>6} {'-':>10}  "
                   f"{verdict}")
         else:
             cycles = (p.target_cost or {}).get("cycles")
-            print(f"{p.index:>5} {p.metric:>9.4f} {p.target_metric:>9.4f} "
-                  f"{p.target_metric - p.metric:>+8.4f} {len(placed['fallback']):>6} "
+            print(f"{p.index:>5} {ort:>9.4f} {p.target_metric:>9.4f} "
+                  f"{p.target_metric - ort:>+8.4f} {len(placed['fallback']):>6} "
                   f"{'-' if cycles is None else f'{cycles:.0f}':>10}  {verdict}")
         if p.target_failure:
             print(f"      failed  {p.target_failure}")

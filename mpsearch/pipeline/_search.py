@@ -130,7 +130,8 @@ def _verified_front(front: Front, verifier: TargetVerifier, run: RunDir, spec: S
     record written to ``verify.json`` as it finishes; with ``resume``, the records already
     there for the same inputs are used instead of verifying those configurations again."""
     key = {**_search_inputs(prepared, spec, data), "toolchain": verifier.tool.name,
-           "version": toolchain_version(verifier.tool)}
+           "version": toolchain_version(verifier.tool),
+           "samples": spec.evaluation.target_samples}
     stored = run.read_verified(key) if resume else {}
     known = {name: Verified.from_dict(record) for name, record in stored.items()}
     if known:
@@ -142,8 +143,14 @@ def _verified_front(front: Front, verifier: TargetVerifier, run: RunDir, spec: S
         kept[name] = record.to_dict()
         run.write_verified(key, kept)
 
+    limit = spec.evaluation.target_samples or len(data)
+    subset = limit < len(data)
+    if subset:
+        logger.info("verify: the target runs the first %d of %d held-out samples "
+                    "(evaluation.target_samples)", limit, len(data))
+        data = data.take(limit)
     return verifier.front(front, _evaluator(prepared, data, spec), known=known, save=save,
-                          progress=progress)
+                          progress=progress, subset=subset)
 
 
 def check_profile_claims(
@@ -181,7 +188,7 @@ def _check_latency_objective(spec: SearchSpec) -> None:
 #: Named flat, as :data:`_FLAT_NAMES` spells a section's settings.
 _NOT_HASHED = frozenset({"trials", "timeout_s", "storage", "study", "path", "seed", "sampler",
                          "explore", "analysis", "model", "data", "profile", "name",
-                         "heartbeat_s"})
+                         "heartbeat_s", "target_samples"})
 #: A section's settings in the fingerprint under the names they had in the flat spec (the rest
 #: under their own): a study started before the spec was nested still resumes.
 _FLAT_NAMES = {"data.source": "data", "data.calibration": "calibration_samples",

@@ -32,6 +32,16 @@ def _num(value: Any, form: str = ".4f") -> str:
     return "-" if value is None else format(value, form)
 
 
+def _samples(points: Sequence[Mapping[str, Any]]) -> str:
+    """Which samples the target ran: the held-out split, or its first N."""
+    for p in points:
+        placed = p["target_placement"]
+        if placed.get("ort_metric") is not None:
+            return (f"the first {esc(placed.get('samples'))} samples of the held-out split "
+                    "(evaluation.target_samples; ONNX Runtime's metric on the same samples)")
+    return "the held-out split"
+
+
 def _verdict_line(points: Sequence[Mapping[str, Any]]) -> str:
     """One sentence: how many verified points the target rejected (never recommended)."""
     failed = [p for p in points if p.get("target_failure")]
@@ -53,16 +63,17 @@ def target_html(front: Mapping[str, Any]) -> str | None:
     settings = ", ".join(f"{k} {v}" for k, v in (first.get("settings") or {}).items())
     intro = (f"<p>Each front point compiled and run by <b>{esc(first.get('toolchain'))}</b> "
              f"({esc(first.get('version', ''))}{'; ' + esc(settings) if settings else ''}) on "
-             "the held-out split: the metric as the target computes it beside ONNX Runtime's, "
-             "and the toolchain's own cost figures.</p>")
+             f"{_samples(points)}: the metric as the target computes it beside ONNX "
+             "Runtime's, and the toolchain's own cost figures.</p>")
     rows = []
     for p in points:
         placed, cost = p["target_placement"], p.get("target_cost") or {}
         target = p.get("target_metric")
-        diff = None if target is None or p.get("metric") is None else target - p["metric"]
+        ort = p.get("metric") if placed.get("ort_metric") is None else placed["ort_metric"]
+        diff = None if target is None or ort is None else target - ort
         failure = p.get("target_failure")
         rows.append([p.get("index"), "FAILED: " + str(failure) if failure else "ok",
-                     _num(p.get("metric")), _num(target), _num(diff, "+.4f"),
+                     _num(ort), _num(target), _num(diff, "+.4f"),
                      f"{placed.get('on_accelerator', 0)} of {placed.get('nodes', 0)}",
                      ", ".join(f"{k} {v:.0f}" for k, v in cost.items()) or "-",
                      "; ".join(f"{f['node']}: {f['reason']}"

@@ -42,13 +42,18 @@ class Verified:
     """One assignment on the target: ``metric`` (held-out, as the target computes it),
     ``placement`` (:func:`~mpsearch.targets._verify.placement_record`) and ``cost``; or
     ``error``, why the toolchain gave no metric (a crash, a refused compile, a failed run).
-    ``seconds``: how long compiling and running it took."""
+    ``seconds``: how long compiling and running it took. ``samples``: how many held-out
+    samples the target ran; when those are fewer than the split's (``evaluation.
+    target_samples``), ``ort_metric`` is ONNX Runtime's metric on the same samples, the
+    figure the verdict compares with."""
 
     metric: float | None
     placement: Mapping[str, Any] | None
     cost: Mapping[str, float] | None
     error: str | None = None
     seconds: float = 0.0
+    samples: int | None = None
+    ort_metric: float | None = None
 
     @classmethod
     def failed(cls, tool: str, version: str, stage: str, error: TargetError,
@@ -66,14 +71,19 @@ class Verified:
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "placement": None if self.placement is None
                 else dict(self.placement), "cost": None if self.cost is None
-                else dict(self.cost), "error": self.error, "seconds": self.seconds}
+                else dict(self.cost), "error": self.error, "seconds": self.seconds,
+                "samples": self.samples, "ort_metric": self.ort_metric}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Verified:
-        metric = data.get("metric")
-        return cls(metric=None if metric is None else float(metric),
-                   placement=data.get("placement"), cost=data.get("cost"),
-                   error=data.get("error"), seconds=float(data.get("seconds") or 0.0))
+        return cls(metric=_float(data.get("metric")), placement=data.get("placement"),
+                   cost=data.get("cost"), error=data.get("error"),
+                   seconds=float(data.get("seconds") or 0.0), samples=data.get("samples"),
+                   ort_metric=_float(data.get("ort_metric")))
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def failure_of(point: FrontPoint, verified: Verified, metric: str,
@@ -88,8 +98,10 @@ def failure_of(point: FrontPoint, verified: Verified, metric: str,
         return f"{metric} on the target is {verified.metric}, not a number"
     if tolerance is None:
         return None
-    diff = verified.metric - point.metric
+    ort = point.metric if verified.ort_metric is None else verified.ort_metric
+    diff = verified.metric - ort
     if abs(diff) <= tolerance + 1e-9:
         return None
-    return (f"{metric} {verified.metric:.4f} on the target vs {point.metric:.4f} in ONNX "
-            f"Runtime ({diff:+.4f}): outside the profile's target tolerance {tolerance:g}")
+    same = "" if verified.ort_metric is None else f" on the same {verified.samples} samples"
+    return (f"{metric} {verified.metric:.4f} on the target vs {ort:.4f} in ONNX Runtime"
+            f"{same} ({diff:+.4f}): outside the profile's target tolerance {tolerance:g}")

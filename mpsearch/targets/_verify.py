@@ -128,9 +128,12 @@ class TargetVerifier:
         return np.concatenate(parts, axis=0)
 
     def verify(self, assignment: Assignment, evaluator: Evaluator,
-               done: Callable[[int], None] | None = None) -> Verified:
+               done: Callable[[int], None] | None = None, *, subset: bool = False
+               ) -> Verified:
         """``assignment`` compiled and run on ``evaluator``'s data: its record (an error
-        record when the toolchain refuses, crashes or fails, never an exception)."""
+        record when the toolchain refuses, crashes or fails, never an exception). With
+        ``subset`` (the data is part of the held-out split), ONNX Runtime's metric on the
+        same samples is kept beside it."""
         start = time.perf_counter()
         version = toolchain_version(self.tool)
         try:
@@ -143,25 +146,32 @@ class TargetVerifier:
         except TargetError as e:
             return Verified.failed(self.tool.name, version, "run", e,
                                    time.perf_counter() - start)
-        metric = evaluator.metrics(outputs)[evaluator.primary.name]
-        return Verified(metric=metric, placement=placement_record(compiled),
-                        cost=dict(compiled.cost), seconds=time.perf_counter() - start)
+        primary = evaluator.primary.name
+        ort = (evaluator.evaluate(self.quantizer.build(assignment)).metrics[primary]
+               if subset else None)
+        return Verified(metric=evaluator.metrics(outputs)[primary],
+                        placement={**placement_record(compiled), "samples": len(outputs),
+                                   "ort_metric": ort},
+                        cost=dict(compiled.cost), seconds=time.perf_counter() - start,
+                        samples=len(outputs), ort_metric=ort)
 
     def front(self, front: Front, evaluator: Evaluator, *,
               known: Mapping[str, Verified] | None = None,
               save: Callable[[str, Verified], None] | None = None,
-              progress: Reporter | None = None) -> Front:
+              progress: Reporter | None = None, subset: bool = False) -> Front:
         """``front`` with every shown point verified on the target and judged: a record in
         ``known`` (by :func:`fingerprint`) is used as it is, any other is measured and
         handed to ``save`` before the next point starts. ``progress`` hears stage
-        ``verify`` in samples (``info``: points verified so far)."""
+        ``verify`` in samples (``info``: points verified so far); ``subset``: the
+        evaluator holds only the first held-out samples (:meth:`verify`)."""
         known = dict(known or {})
         tolerance = target_tolerance(self.profile, evaluator.primary.name)
         names = {p.index: fingerprint(self._assignment(p)) for p in front.points if p.shown}
         todo = [p for p in front.points if p.shown and names[p.index] not in known]
         ticker = _Ticker(progress, len(todo), len(evaluator.data))
         for done, point in enumerate(todo, start=1):
-            record = self.verify(self._assignment(point), evaluator, ticker.samples)
+            record = self.verify(self._assignment(point), evaluator, ticker.samples,
+                                 subset=subset)
             known[names[point.index]] = record
             self._log(point, record, evaluator.primary.name)
             if save is not None:

@@ -95,3 +95,33 @@ def test_a_bad_tolerance_names_the_file_and_line(tmp_path: Path, bad: str) -> No
     with pytest.raises(ProfileError, match=r"qnn_tol\.yaml:\d+: .*toolchain\.tolerance must be "
                                            r"a number >= 0"):
         load_profile(path)
+
+
+def test_target_samples_is_checked_and_leaves_the_study_fingerprint_alone(
+        tmp_path: Path) -> None:
+    from mpsearch.demo import DEMO_DATA, DEMO_MODEL
+    from mpsearch.errors import SpecError
+    from mpsearch.pipeline._search import _spec_fingerprint
+    from mpsearch.spec import load_spec
+
+    def spec(evaluation: str) -> Path:
+        path = tmp_path / "s.yaml"
+        path.write_text(f"model: {DEMO_MODEL}\nprofile: qnn_htp\ndata: {{source: {DEMO_DATA}}}"
+                        f"\nverify: front\n{evaluation}")
+        return path
+
+    plain = load_spec(spec(""))
+    capped = load_spec(spec("evaluation: {target_samples: 16}\n"))
+    assert (plain.evaluation.target_samples, capped.evaluation.target_samples) == (None, 16)
+    assert _spec_fingerprint(plain) == _spec_fingerprint(capped)  # --resume still goes on
+    with pytest.raises(SpecError, match=r"s\.yaml:\d+: evaluation\.target_samples must be"):
+        load_spec(spec("evaluation: {target_samples: 0}\n"))
+
+
+def test_on_fewer_samples_the_verdict_compares_with_ort_on_the_same_samples() -> None:
+    subset = Verified(metric=0.90625, placement={}, cost={}, samples=32, ort_metric=0.9375)
+    assert failure_of(_point(0.9062), subset, "agreement", 0.01) == (
+        "agreement 0.9062 on the target vs 0.9375 in ONNX Runtime on the same 32 samples "
+        "(-0.0312): outside the profile's target tolerance 0.01")
+    same = Verified(metric=0.9375, placement={}, cost={}, samples=32, ort_metric=0.9375)
+    assert failure_of(_point(0.80), same, "agreement", 0.01) is None
