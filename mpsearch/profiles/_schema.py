@@ -7,6 +7,7 @@ the problem and the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -190,7 +191,7 @@ def build_profile(root: Section, path: Path) -> HardwareProfile:
         "transition_cost": root.get_float("transition_cost", minimum=0.0, unknown=UNKNOWN),
         "memory_budget_bytes": root.get_int("memory_budget_bytes", minimum=0, unknown=UNKNOWN),
         "runtime": root.get_str("runtime", None, choices=RUNTIMES),
-        "toolchain": _parse_toolchain(root),
+        "toolchain": _with_tolerance(root, _parse_toolchain(root)),
     }
     unknowns = _unknowns(root.get_str_list("unknowns", ()), formats, rules, fields)
     return HardwareProfile(formats=formats, default_format=default, cost_reference=reference,
@@ -213,14 +214,24 @@ def _parse_toolchain(root: Section) -> ToolchainRef | None:
             if not isinstance(value, (str, int, float, bool)):
                 sec.fail(key, f"{sec.path(key)} must be a string or a number, got {value!r}")
             settings[key] = value
+    return ToolchainRef(name=name, settings=settings)
+
+
+def _with_tolerance(root: Section, ref: ToolchainRef | None) -> ToolchainRef | None:
+    """``ref`` with ``toolchain.tolerance``: how far a verified point's target metric may lie
+    from its ONNX Runtime metric (a number >= 0, in the metric's units)."""
+    if ref is None:
+        return None
+    sec = root.section("toolchain")
     tolerance = sec.data.get("tolerance")
-    if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(
-            tolerance, (int, float)) or not 0 <= tolerance < float("inf")):
+    if tolerance is None:
+        return ref
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not (
+            0 <= tolerance < float("inf")):
         sec.fail("tolerance", f"{sec.path('tolerance')} must be a number >= 0 (the largest "
                  f"|target - ONNX Runtime| metric difference a verified point may show), got "
                  f"{tolerance!r}")
-    return ToolchainRef(name=name, settings=settings,
-                        tolerance=None if tolerance is None else float(tolerance))
+    return dataclasses.replace(ref, tolerance=float(tolerance))
 
 
 def _unknowns(notes: tuple[str, ...], formats: dict[str, Format], rules: dict[str, OpRule],
