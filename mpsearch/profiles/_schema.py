@@ -191,7 +191,7 @@ def build_profile(root: Section, path: Path) -> HardwareProfile:
         "transition_cost": root.get_float("transition_cost", minimum=0.0, unknown=UNKNOWN),
         "memory_budget_bytes": root.get_int("memory_budget_bytes", minimum=0, unknown=UNKNOWN),
         "runtime": root.get_str("runtime", None, choices=RUNTIMES),
-        "toolchain": _with_tolerance(root, _parse_toolchain(root)),
+        "toolchain": _parse_toolchain(root),
     }
     unknowns = _unknowns(root.get_str_list("unknowns", ()), formats, rules, fields)
     return HardwareProfile(formats=formats, default_format=default, cost_reference=reference,
@@ -200,6 +200,11 @@ def build_profile(root: Section, path: Path) -> HardwareProfile:
 
 
 def _parse_toolchain(root: Section) -> ToolchainRef | None:
+    """``toolchain:``, its settings and its ``tolerance``."""
+    return _with_tolerance(root, _toolchain_ref(root))
+
+
+def _toolchain_ref(root: Section) -> ToolchainRef | None:
     """``toolchain: {name: qnn, htp_arch: 73}``: a known name and only its settings."""
     if "toolchain" not in root:
         return None
