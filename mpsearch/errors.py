@@ -8,6 +8,7 @@ with status 2.
 from __future__ import annotations
 
 __all__ = [
+    "EXIT_NO_VERIFIED_POINT",
     "CalibrationError",
     "DataError",
     "ModelError",
@@ -19,6 +20,10 @@ __all__ = [
     "TargetError",
     "interrupted",
 ]
+
+#: ``mpsearch search``'s exit status when the target's verification rejected every shown point
+#: (docs/exit-codes.md): the run directory is written, and nothing is recommended.
+EXIT_NO_VERIFIED_POINT = 4
 
 
 class MpsearchError(Exception):

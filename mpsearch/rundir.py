@@ -404,6 +404,7 @@ class RunDir:
         self.trials_csv = p / "trials.csv"
         self.front_json = p / "front.json"
         self.front_csv = p / "front.csv"
+        self.verify_json = p / "verify.json"  # each verified configuration, as it finishes
         self.report_html = p / "report.html"
         self.progress_jsonl = p / "progress.jsonl"
         self.job_json = p / "job.json"
@@ -478,6 +479,21 @@ class RunDir:
                *(p.batch_latency_ms_interval or (None, None)), json.dumps(dict(p.counts)),
                " ".join(p.differs_from_int8), json.dumps(dict(p.assignment))]
               for p in front.points])
+
+    def read_verified(self, key: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        """The target verification records of ``verify.json`` (by assignment fingerprint)
+        when it was written for the inputs ``key``; else none (a missing, torn or other
+        inputs' file: verifying again is always safe)."""
+        stored = read_json(self.verify_json)
+        if not isinstance(stored, dict) or stored.get("key") != dict(key):
+            return {}
+        points = stored.get("points")
+        return {str(k): v for k, v in points.items() if isinstance(v, dict)} \
+            if isinstance(points, dict) else {}
+
+    def write_verified(self, key: Mapping[str, Any], points: Mapping[str, Any]) -> None:
+        """``verify.json``: every verification record so far, for the inputs ``key``."""
+        write_json(self.verify_json, {"key": dict(key), "points": dict(points)})
 
     def write_trials(self, rows: Sequence[Sequence[Any]]) -> None:
         _csv(self.trials_csv, ["trial", "state", "metric", "size", "latency", "source"], rows)

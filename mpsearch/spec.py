@@ -74,6 +74,7 @@ _INT_BOUNDS: dict[str, tuple[str, int, int | None]] = {
     "evaluation.threads": ("--threads", 1, MAX_THREADS),
     "evaluation.chunks": ("", 1, 1 << 16),
     "evaluation.sensitivity_samples": ("", 1, None),
+    "evaluation.target_samples": ("", 1, None),
 }
 
 
@@ -244,20 +245,23 @@ class CalibrationSpec:
 class EvaluationSpec:
     """``evaluation``: how configurations are measured. ``batch_size`` and ``threads`` of ONNX
     Runtime (threads capped at this machine's CPUs), ``chunks`` a trial is raced in, the
-    ``sensitivity_samples`` one-node costs are measured on (None: all) and ``search_score``
-    (:data:`SEARCH_SCORES`)."""
+    ``sensitivity_samples`` one-node costs are measured on (None: all), ``search_score``
+    (:data:`SEARCH_SCORES`) and the first ``target_samples`` held-out samples a ``verify``
+    toolchain runs (None: all; an emulator can take seconds a sample)."""
 
     batch_size: int = 64
     threads: int = 2
     chunks: int = 4
     sensitivity_samples: int | None = 32
     search_score: str = "auto"
+    target_samples: int | None = None
 
     def __post_init__(self) -> None:
         _check_ints("evaluation", {"batch_size": self.batch_size, "threads": self.threads,
                                    "chunks": self.chunks,
-                                   "sensitivity_samples": self.sensitivity_samples},
-                    optional=("sensitivity_samples",))
+                                   "sensitivity_samples": self.sensitivity_samples,
+                                   "target_samples": self.target_samples},
+                    optional=("sensitivity_samples", "target_samples"))
         _check_choice("evaluation.search_score", self.search_score, SEARCH_SCORES)
         object.__setattr__(self, "threads", machine_threads(self.threads))
 
@@ -518,7 +522,8 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
             threads=_bounded(evaluation, "threads", 2),
             chunks=_bounded(evaluation, "chunks", 4),
             sensitivity_samples=evaluation.get_int("sensitivity_samples", 32, minimum=1),
-            search_score=evaluation.get_str("search_score", "auto", choices=SEARCH_SCORES)),
+            search_score=evaluation.get_str("search_score", "auto", choices=SEARCH_SCORES),
+            target_samples=evaluation.get_int("target_samples", None, minimum=1)),
     }
     try:  # what only a section's own check refuses (budget.timeout_s: .inf) names the file
         sections = {name: _SECTIONS[name](**kwargs) for name, kwargs in values.items()}

@@ -8,6 +8,7 @@ from typing import Any
 
 from mpsearch.cli._output import search_dir
 from mpsearch.cli._progress import BarProgress
+from mpsearch.errors import EXIT_NO_VERIFIED_POINT
 from mpsearch.rundir import Baseline, Front, FrontPoint, format_bytes, versus_fp32
 
 __all__ = ["add_pipeline_parsers"]
@@ -36,8 +37,9 @@ def _front_table(front: Front, show_all: bool) -> None:
     rows: list[tuple[str, float, int, Baseline | FrontPoint]] = [
         ("FP32", front.fp32.metric, front.fp32.size, front.fp32)]
     rows += [(f"uniform {k}", b.metric, b.size, b) for k, b in front.uniform.items()]
-    rows += [(f"point {p.index}" + ("" if p.shown else f" (beaten by {p.beaten_by})"),
-              p.metric, p.size, p) for p in points]
+    rows += [(f"point {p.index}" + ("" if p.shown else f" (beaten by {p.beaten_by})")
+              + (" (target failed)" if p.target_failure else ""), p.metric, p.size, p)
+             for p in points]
     timed = front.latency_source == "measured"
     width = max(len(row[0]) for row in rows)
     head = f"{'':<{width}} {metric:>9} {'size':>9}"
@@ -111,10 +113,27 @@ def _search(args: argparse.Namespace) -> int:
     if note and not args.all:
         print(f"\n{note} (--all lists them)")
     print(f"\n{front.recommendation}")
+    unverified = _no_verified_point(front)
+    if unverified:
+        print(unverified)
     if not args.no_report:
         _report(run.run_dir)
     print(f"\nexport:  mpsearch export {run.run_dir} --point K --out model.onnx")
+    if unverified:
+        return EXIT_NO_VERIFIED_POINT
     return 0 if front.points else 1
+
+
+def _no_verified_point(front: Front) -> str | None:
+    """Why no shown point passed the target's verification (None when one did, or when the
+    run verified nothing)."""
+    shown = front.shown
+    if not shown or any(p.target_placement is None or not p.target_failure for p in shown):
+        return None
+    tool = (shown[0].target_placement or {}).get("toolchain", "the target")
+    reasons = "; ".join(f"point {p.index}: {_clip(str(p.target_failure))}" for p in shown)
+    return (f"no verified point: all {len(shown)} shown point(s) failed verification on "
+            f"{tool} ({reasons})")
 
 
 def _print_targets(points: Any) -> None:
@@ -123,19 +142,33 @@ def _print_targets(points: Any) -> None:
     if not checked:
         return
     first = checked[0].target_placement
-    print(f"\non {first.get('toolchain')} ({first.get('version', '')}), held-out:")
-    print(f"{'point':>5} {'ORT':>9} {'target':>9} {'diff':>8} {'on CPU':>6} {'cycles':>10}")
+    samples = next((p.target_placement.get("samples") for p in checked
+                    if p.target_placement.get("ort_metric") is not None), None)
+    where = "held-out" if samples is None else (
+        f"the first {samples} held-out samples (evaluation.target_samples), ORT on the same")
+    print(f"\non {first.get('toolchain')} ({first.get('version', '')}), {where}:")
+    print(f"{'point':>5} {'ORT':>9} {'target':>9} {'diff':>8} {'on CPU':>6} {'cycles':>10}"
+          "  verdict")
     for p in checked:
         placed = p.target_placement
+        verdict = "FAILED" if p.target_failure else "ok"
+        ort = p.metric if placed.get("ort_metric") is None else placed["ort_metric"]
         if p.target_metric is None:
-            print(f"{p.index:>5} {p.metric:>9.4f}  not compiled: {placed.get('error')}")
-            continue
-        cycles = (p.target_cost or {}).get("cycles")
-        print(f"{p.index:>5} {p.metric:>9.4f} {p.target_metric:>9.4f} "
-              f"{p.target_metric - p.metric:>+8.4f} {len(placed['fallback']):>6} "
-              f"{'-' if cycles is None else f'{cycles:.0f}':>10}")
+            print(f"{p.index:>5} {ort:>9.4f} {'-':>9} {'-':>8} {'-':>6} {'-':>10}  "
+                  f"{verdict}")
+        else:
+            cycles = (p.target_cost or {}).get("cycles")
+            print(f"{p.index:>5} {ort:>9.4f} {p.target_metric:>9.4f} "
+                  f"{p.target_metric - ort:>+8.4f} {len(placed['fallback']):>6} "
+                  f"{'-' if cycles is None else f'{cycles:.0f}':>10}  {verdict}")
+        if p.target_failure:
+            print(f"      failed  {p.target_failure}")
         for node in placed["fallback"]:
             print(f"      cpu  {node['node']}: {node['reason']}")
+
+
+def _clip(text: str, width: int = 160) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def _report(run_dir: Path) -> None:

@@ -127,9 +127,9 @@ def _with_target(built: BuiltModel, prepared: Prepared, spec: SearchSpec, held: 
     except TargetError as e:
         raise SearchError(f"export --target: {e}") from e
     folder = built.path.parent / f"{built.path.stem}_{verifier.tool.name}"
-    model, compiled = verifier.compile(built.assignment, folder=folder)
+    names, compiled = verifier.compile(built.assignment, folder=folder)
     evaluator = _evaluator(prepared, held, spec)
-    metrics = evaluator.metrics(verifier.outputs(compiled, model, evaluator))
+    metrics = evaluator.metrics(verifier.outputs(compiled, names, evaluator))
     return replace(built, target_artifact=compiled.artifact,
                    target_metric=metrics[evaluator.primary.name],
                    target_placement=placement_record(compiled), target_cost=dict(compiled.cost))

@@ -3,6 +3,7 @@ measured and verified on the target, and the run directory written."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -11,7 +12,8 @@ from typing import Any
 
 import onnx
 
-from mpsearch._results import held_out_front, relative_latency, write_analysis
+from mpsearch._recommend import recommend
+from mpsearch._results import _limits, held_out_front, relative_latency, write_analysis
 from mpsearch.analysis import Analysis, analyze
 from mpsearch.assignment import latency_unknown_reason, model_size
 from mpsearch.data import Dataset
@@ -32,7 +34,10 @@ from mpsearch.search import MEASURE_ABOVE, SearchResult, SearchSettings, check_r
 from mpsearch.spec import SearchSpec
 from mpsearch.targets import TargetError, toolchain
 from mpsearch.targets._probes import ProbeResult, check_profile
+from mpsearch.targets._verdict import Verified
 from mpsearch.targets._verify import TargetVerifier, target_for, toolchain_version
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,8 +87,11 @@ def search_run(
         with _spec_measuring(prepared, spec, held_data, run, "held-out") as held:
             front = held_out_front(prepared.summary, spec, result, held, measurer,
                                    progress)
-        if verifier is not None:  # the front points' metric as the target computes it
-            front = verifier.front(front, _evaluator(prepared, held_data, spec))
+        if verifier is not None:  # the shown points as the target computes them, judged
+            front = _verified_front(front, verifier, run, spec, prepared, held_data,
+                                    resume=resume, progress=progress)
+            chosen, line = recommend(front, _limits(spec, prepared.profile, result))
+            front = replace(front, recommended=chosen, recommendation=line)
     run.write_front(front)
     run.write_trials([[r.trial, r.state, r.metric, r.size, relative_latency(r.latency, front.fp32),
                        r.source] for r in result.trials])
@@ -113,6 +121,36 @@ def _verifier(spec: SearchSpec, prepared: Prepared, run_dir: Path, data: Dataset
                               next(iter(data.batches(1))))
     except TargetError as e:
         raise SpecError(f"{spec.path or 'search spec'}: verify: {spec.verify}: {e}") from e
+
+
+def _verified_front(front: Front, verifier: TargetVerifier, run: RunDir, spec: SearchSpec,
+                    prepared: Prepared, data: Dataset, *, resume: bool,
+                    progress: Reporter | None) -> Front:
+    """``front`` verified on the target (:meth:`TargetVerifier.front`), each configuration's
+    record written to ``verify.json`` as it finishes; with ``resume``, the records already
+    there for the same inputs are used instead of verifying those configurations again."""
+    key = {**_search_inputs(prepared, spec, data), "toolchain": verifier.tool.name,
+           "version": toolchain_version(verifier.tool),
+           "samples": spec.evaluation.target_samples}
+    stored = run.read_verified(key) if resume else {}
+    known = {name: Verified.from_dict(record) for name, record in stored.items()}
+    if known:
+        logger.info("%s: %d verified configuration(s) kept from the stopped run",
+                    run.verify_json, len(known))
+    kept = {name: record.to_dict() for name, record in known.items()}
+
+    def save(name: str, record: Verified) -> None:
+        kept[name] = record.to_dict()
+        run.write_verified(key, kept)
+
+    limit = spec.evaluation.target_samples or len(data)
+    subset = limit < len(data)
+    if subset:
+        logger.info("verify: the target runs the first %d of %d held-out samples "
+                    "(evaluation.target_samples)", limit, len(data))
+        data = data.take(limit)
+    return verifier.front(front, _evaluator(prepared, data, spec), known=known, save=save,
+                          progress=progress, subset=subset)
 
 
 def check_profile_claims(
@@ -156,7 +194,7 @@ def _check_latency_objective(spec: SearchSpec) -> None:
 #: Named flat, as :data:`_FLAT_NAMES` spells a section's settings.
 _NOT_HASHED = frozenset({"trials", "timeout_s", "storage", "study", "path", "seed", "sampler",
                          "explore", "analysis", "model", "data", "profile", "name",
-                         "heartbeat_s"})
+                         "heartbeat_s", "target_samples"})
 #: A section's settings in the fingerprint under the names they had in the flat spec (the rest
 #: under their own): a study started before the spec was nested still resumes.
 _FLAT_NAMES = {"data.source": "data", "data.calibration": "calibration_samples",

@@ -7,6 +7,7 @@ the problem and the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -206,13 +207,18 @@ def build_profile(root: Section, path: Path) -> HardwareProfile:
 
 
 def _parse_toolchain(root: Section) -> ToolchainRef | None:
+    """``toolchain:``, its settings and its ``tolerance``."""
+    return _with_tolerance(root, _toolchain_ref(root))
+
+
+def _toolchain_ref(root: Section) -> ToolchainRef | None:
     """``toolchain: {name: qnn, htp_arch: 73}``: a known name and only its settings."""
     if "toolchain" not in root:
         return None
     sec = root.section("toolchain")
     name = sec.get_str("name", choices=tuple(TOOLCHAIN_SETTINGS))
     known = TOOLCHAIN_SETTINGS[name]
-    sec.check_keys(("name", *known), required=("name",))
+    sec.check_keys(("name", "tolerance", *known), required=("name",))
     settings: dict[str, Any] = {}
     for key in known:
         if key in sec:
@@ -224,6 +230,23 @@ def _parse_toolchain(root: Section) -> ToolchainRef | None:
             if problem is not None:
                 sec.fail(key, problem)
     return ToolchainRef(name=name, settings=settings)
+
+
+def _with_tolerance(root: Section, ref: ToolchainRef | None) -> ToolchainRef | None:
+    """``ref`` with ``toolchain.tolerance``: how far a verified point's target metric may lie
+    from its ONNX Runtime metric (a number >= 0, in the metric's units)."""
+    if ref is None:
+        return None
+    sec = root.section("toolchain")
+    tolerance = sec.data.get("tolerance")
+    if tolerance is None:
+        return ref
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not (
+            0 <= tolerance < float("inf")):
+        sec.fail("tolerance", f"{sec.path('tolerance')} must be a number >= 0 (the largest "
+                 f"|target - ONNX Runtime| metric difference a verified point may show), got "
+                 f"{tolerance!r}")
+    return dataclasses.replace(ref, tolerance=float(tolerance))
 
 
 def _unknowns(notes: tuple[str, ...], formats: dict[str, Format], rules: dict[str, OpRule],

@@ -14,6 +14,7 @@ float runs off the accelerator). ``None`` everywhere means "unknown", never zero
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -329,10 +330,12 @@ class NodeLike(Protocol):
 class ToolchainRef:
     """The vendor toolchain that checks a profile (``toolchain:`` in the YAML): its name in
     :data:`TOOLCHAIN_SETTINGS` and the settings it is run with (chip generation, platform,
-    accelerator configuration)."""
+    accelerator configuration). ``tolerance``: how far a verified point's target metric may
+    lie from its ONNX Runtime metric (None: the default, one point for proportion metrics)."""
 
     name: str
     settings: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+    tolerance: float | None = None
 
     def __post_init__(self) -> None:
         _check_choice("toolchain", "name", self.name, tuple(TOOLCHAIN_SETTINGS))
@@ -344,9 +347,14 @@ class ToolchainRef:
         if problem is not None:
             raise ProfileError(problem)
         object.__setattr__(self, "settings", _frozen_map(self.settings))
+        if self.tolerance is not None and not (
+                isinstance(self.tolerance, (int, float)) and 0 <= self.tolerance < math.inf):
+            raise ProfileError(f"toolchain {self.name}: tolerance must be a number >= 0, got "
+                               f"{self.tolerance!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, **self.settings}
+        tolerance = {} if self.tolerance is None else {"tolerance": self.tolerance}
+        return {"name": self.name, **self.settings, **tolerance}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

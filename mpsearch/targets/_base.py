@@ -17,7 +17,10 @@ from typing import Any, Protocol
 import numpy as np
 import onnx
 
-__all__ = ["ACCELERATOR", "CPU", "Compiled", "Placement", "Toolchain"]
+from mpsearch.errors import TargetError
+
+__all__ = ["ACCELERATOR", "CPU", "Compiled", "Placement", "Toolchain", "ToolchainCrash",
+           "log_tail"]
 
 ACCELERATOR = "accelerator"
 CPU = "cpu"
@@ -76,6 +79,25 @@ class Compiled:
                 - len(self.fallback), "counts": counts,
                 "fallback": [{"node": p.node, "reason": p.reason} for p in self.fallback],
                 "notes": list(self.notes)}
+
+
+class ToolchainCrash(TargetError):
+    """The toolchain's own process died (``status``: its exit status, negative for a signal,
+    e.g. -4 SIGILL, -11 SIGSEGV) instead of answering; ``tail`` holds its last output lines,
+    which say where it stopped. A verified point records it as its ``target_failure``."""
+
+    def __init__(self, message: str, *, status: int | None, tail: str = "") -> None:
+        super().__init__(message + (f"; its last lines: {tail}" if tail else ""))
+        self.status = status
+        self.tail = tail
+
+
+def log_tail(log: str, lines: int = 4, width: int = 600) -> str:
+    """The last ``lines`` non-blank lines of ``log`` joined by " | " (at most ``width``
+    characters, the end kept): what a crash record shows of the toolchain's output."""
+    kept = [line.strip() for line in log.splitlines() if line.strip()][-lines:]
+    text = " | ".join(kept)
+    return text if len(text) <= width else "..." + text[-width:]
 
 
 class Toolchain(Protocol):

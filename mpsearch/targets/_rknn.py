@@ -27,7 +27,7 @@ from onnx import version_converter
 
 from mpsearch.errors import TargetError
 from mpsearch.targets import _rknn_env as rknn_env
-from mpsearch.targets._base import Compiled
+from mpsearch.targets._base import Compiled, ToolchainCrash, log_tail
 from mpsearch.targets._rknn_table import cost_of, parse_layers, place, plain_float
 
 __all__ = ["RknnToolchain"]
@@ -150,9 +150,10 @@ class RknnToolchain:
         (workdir / f"rknn_{command}.log").write_text(log, encoding="utf-8")
         result_file = Path(request["result"])
         if not result_file.is_file():
-            raise TargetError(f"RKNN {command} of {request['model']}: RKNN-Toolkit2 crashed "
-                              f"(exit status {done.returncode}); its log: "
-                              f"{workdir / f'rknn_{command}.log'}")
+            raise ToolchainCrash(f"RKNN {command} of {request['model']}: RKNN-Toolkit2 "
+                                 f"crashed (exit status {done.returncode}); its log: "
+                                 f"{workdir / f'rknn_{command}.log'}",
+                                 status=done.returncode, tail=log_tail(log))
         result: dict[str, Any] = json.loads(result_file.read_text(encoding="utf-8"))
         if not result.get("ok"):
             errors = [ln.strip() for ln in log.splitlines() if ln.startswith(("E ", "E RKNN"))]
@@ -168,7 +169,8 @@ class RknnToolchain:
         if unknown:
             raise TargetError(f"rknn settings: unknown key(s) {unknown}; valid: "
                               f"{sorted(_SETTINGS)}")
-        workdir = Path(workdir)
+        # absolute: the worker runs in its own folder (a relative --out would point elsewhere)
+        workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         if self._open is not None and self._open[0] == workdir:
             self.close()  # its simulator runs the model this compile replaces
@@ -208,7 +210,7 @@ class RknnToolchain:
         run stays open for the next call (one at a time), as a worker reading jobs on stdin."""
         if compiled.artifact is None or not (compiled.artifact.parent / _REQUEST).is_file():
             raise TargetError("RKNN run: this Compiled has no RKNN workdir; compile it first")
-        workdir = compiled.artifact.parent
+        workdir = compiled.artifact.parent.resolve()
         request = json.loads((workdir / _REQUEST).read_text(encoding="utf-8"))
         batch = int(request["shapes"][0][0]) if request["shapes"][0] else 1
         arrays: dict[str, np.ndarray] = {}
@@ -279,9 +281,14 @@ class RknnToolchain:
             return
         self.close()
         status = worker.poll()
-        what = (f"no answer in {timeout:g} s; raise settings timeout_s" if not ready else
-                f"RKNN-Toolkit2's simulator stopped (exit status {status})")
-        raise TargetError(f"RKNN run in {workdir}: {what}; its log: {workdir / 'rknn_run.log'}")
+        log = workdir / "rknn_run.log"
+        if not ready:
+            raise TargetError(f"RKNN run in {workdir}: no answer in {timeout:g} s; raise "
+                              f"settings timeout_s; its log: {log}")
+        said = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+        raise ToolchainCrash(f"RKNN run in {workdir}: RKNN-Toolkit2's simulator stopped (exit "
+                             f"status {status}); its log: {log}", status=status,
+                             tail=log_tail(_ANSI.sub("", said)))
 
     def close(self) -> None:
         """Stop the open simulator, if any (also done when the interpreter exits)."""

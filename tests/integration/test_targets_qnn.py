@@ -282,9 +282,9 @@ def _demo_spec(tmp_path: Path, verify: str, trials: int = 4, extra: str = "") ->
 
 def test_verified_search_reports_the_emulators_metric_and_exports_a_binary_that_agrees(
         tmp_path: Path) -> None:
-    """``verify: toolchain``: every front point runs wholly on the HTP and carries the
-    emulator's held-out metric; ``export --target`` writes the context binary, and a session
-    of our own on it scores what the front says."""
+    """``verify: toolchain``: every shown front point runs wholly on the HTP and carries the
+    emulator's held-out metric (hidden points are not verified); ``export --target`` writes
+    the context binary, and a session of our own on it scores what the front says."""
     import onnxruntime_qnn
 
     from mpsearch.pipeline import export_point, prepare, search_run
@@ -301,14 +301,20 @@ def test_verified_search_reports_the_emulators_metric_and_exports_a_binary_that_
     held = _splits(prepare(spec), spec)[1]
     assert held.labels is not None
     x, labels = held.inputs["input"], held.labels
+    shown = run.front.shown
+    assert shown
     for point in run.front.points:
         placed = point.target_placement
+        if not point.shown:
+            assert placed is None and point.target_metric is None
+            continue
         assert placed is not None and placed["fallback"] == [] and placed["toolchain"] == "qnn"
         assert point.target_metric is not None and point.target_cost is not None
         assert abs(point.target_metric - point.metric) <= 0.02
-    built = export_point(tmp_path / "run", 0, tmp_path / "point0.onnx", target=True)
+    first = shown[0]
+    built = export_point(tmp_path / "run", first.index, tmp_path / "point0.onnx", target=True)
     assert built.target_artifact == tmp_path / "point0_qnn" / "model_ctx.onnx"
-    assert built.target_metric == run.front.points[0].target_metric
+    assert built.target_metric == first.target_metric
     session, _ = create_plugin_session(
         built.target_artifact, ep_name=EP, library=onnxruntime_qnn.get_library_path(),
         provider_options={"backend_type": "htp", "htp_arch": "73", "soc_model": "43",
@@ -322,9 +328,9 @@ def test_verified_search_reports_the_emulators_metric_and_exports_a_binary_that_
     html = write_report(tmp_path / "run").read_text()
     section = html[html.index('<section id="target">'):]
     section = section[:section.index("</section>")]
-    first = run.front.points[0]
     assert f"<td>{first.metric:.4f}</td><td>{first.target_metric:.4f}</td>" in section
-    assert section.count("every node on the target") == len(run.front.points)
+    assert section.count("every node on the target") == len(shown)
+    assert section.count("<td>ok</td>") == sum(p.target_failure is None for p in shown)
 
 
 def test_profiles_check_reports_the_toolchains_verdicts(tmp_path: Path) -> None:

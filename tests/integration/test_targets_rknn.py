@@ -243,12 +243,33 @@ def test_transformer_erf_falls_back_to_the_cpu(tmp_path: Path) -> None:
 
 
 @needs_rknn
-def test_a_toolkit_crash_is_a_target_error(tmp_path: Path) -> None:
-    """Uniform INT8 on the transformer segfaults RKNN-Toolkit2 2.5.0 (int8 Mul/Softmax in the
-    attention block): the adapter says so in one error, never with the worker's traceback."""
+def test_a_toolkit_crash_is_recorded_with_its_last_lines_and_is_infeasible(
+        tmp_path: Path) -> None:
+    """Uniform INT8 on the transformer kills RKNN-Toolkit2 2.5.0 (int8 Mul/Softmax in the
+    attention block): the error carries the signal and the toolkit's last lines, never our
+    traceback; the search's feasibility check calls it infeasible with those words without
+    compiling it twice, and a verified point records it as its failure."""
+    from mpsearch.evaluate import Evaluator
+    from mpsearch.targets._base import ToolchainCrash
+    from mpsearch.targets._verify import TargetVerifier
+
     prepared = _prepared(FIXTURES / "transformer.onnx", FIXTURES / "digits_eval.npz")
-    with pytest.raises(TargetError, match="crashed"):
-        _compile(prepared, _qdq(prepared), tmp_path)
+    data = prepared.validation.take(8)
+    verifier = TargetVerifier(prepared.quantizer, tmp_path, next(iter(data.batches(1))))
+    assignment = make_assignment(prepared.graph, prepared.profile, uniform_assignment(
+        prepared.graph, prepared.profile, "int8"))
+    with pytest.raises(ToolchainCrash) as crash:
+        verifier.compile(assignment)
+    assert crash.value.status is not None and crash.value.status < 0
+    assert crash.value.tail and str(crash.value).endswith(f"its last lines: {crash.value.tail}")
+    assert "Traceback" not in str(crash.value)
+    why = verifier.refusal(assignment)
+    assert why is not None and why.startswith("the toolchain cannot compile it: ")
+    assert f"crashed (exit status {crash.value.status})" in why
+    record = verifier.verify(assignment, Evaluator(prepared.graph, data, metric="agreement"))
+    assert record.metric is None and record.error is not None
+    assert record.error.startswith("rknn crashed while compiling it: ")
+    assert verifier.compiles == 1  # the crash is remembered, not compiled again
 
 
 @needs_rknn
@@ -269,3 +290,32 @@ def test_rk3588_formats_the_toolkit_accepts(tmp_path: Path) -> None:
     with pytest.raises(TargetError, match="w8a16' not support in 'rk3588'"):
         TOOLCHAIN.compile(model, tmp_path / "w8a16", calibration=samples,
                           settings={"quantized_dtype": "w8a16"})
+
+
+@needs_rknn
+def test_a_relative_out_with_a_space_verifies_every_shown_point(tmp_path: Path) -> None:
+    """The toolkit's worker runs in its own folder: a relative run directory (with a space)
+    is resolved before it is handed over, so every shown point compiles and simulates."""
+    import json
+    import subprocess
+    import sys
+
+    spec = tmp_path / "demo_rk.yaml"
+    spec.write_text(
+        f"model: {DEMO_MODEL}\nprofile: rk3588\n"
+        f"data: {{source: {DEMO_DATA}, calibration: 128, held_out: 0.5, seed: 0}}\n"
+        "metric: accuracy\nobjectives: [metric, size]\nbudget: {trials: 3}\n"
+        "analysis: false\nseed: 0\nverify: front\n")
+    done = subprocess.run([sys.executable, "-m", "mpsearch", "-q", "search", spec.name,
+                           "--out", "runs/rel out", "--no-report"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    front = json.loads((tmp_path / "runs" / "rel out" / "front.json").read_text())
+    shown = [p for p in front["points"] if p["shown"]]
+    assert shown
+    for point in shown:
+        assert point["target_placement"]["toolchain"] == "rknn", point["target_placement"]
+        assert point["target_placement"].get("error") is None
+        assert point["target_metric"] is not None and point["target_failure"] is None
+        assert abs(point["target_metric"] - point["metric"]) <= 0.01
+    assert "verdict" in done.stdout and " ok" in done.stdout
