@@ -33,6 +33,7 @@ __all__ = ["Baseline", "Front", "FrontPoint", "MeasurementCache", "RunDir", "ato
 logger = logging.getLogger(__name__)
 
 _FLUSH_SECONDS = 5.0
+_WARNED: set[Path] = set()  # damaged measurement caches already reported in this process
 
 
 def read_json(path: Path) -> Any:
@@ -330,11 +331,13 @@ class MeasurementCache(dict[str, Any]):
         stored = None
         if self.path is not None:
             try:
-                stored = load_run_json(self.path)
+                stored = load_run_json(self.path, "it is a cache: measuring again")
             except FileNotFoundError:
                 pass
             except SearchError as e:
-                logger.warning("%s (a cache: measuring again)", e)
+                if self.path not in _WARNED:  # once, not for each split's section
+                    _WARNED.add(self.path)
+                    logger.warning("%s", e)
         sections = stored.get("splits") if isinstance(stored, dict) else None
         return sections if isinstance(sections, dict) else {}
 
