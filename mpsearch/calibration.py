@@ -30,6 +30,7 @@ from mpsearch._data_limits import CORRUPT, Limits, read_npz
 from mpsearch._io import atomic_write, json_finite, load_json
 from mpsearch.data import Dataset, check_finite, check_signature
 from mpsearch.errors import CalibrationError, DataError
+from mpsearch.evaluate import fitting_batch
 from mpsearch.graph import ModelGraph
 from mpsearch.progress import Progress, Reporter
 from mpsearch.runtime import create_session
@@ -434,6 +435,7 @@ def calibrate(
     tensors = graph.activation_tensors()
     inputs = {i.name for i in graph.inputs}
     exposed = [t for t in tensors if t not in inputs]
+    fit = fitting_batch(graph, None, "calibration", tensors=tuple(exposed))
     session = create_session(graph.model, threads=threads, extra_outputs=exposed,
                              optimize=optimize, label=graph.name)
     kernels.set_threads(threads)
@@ -462,11 +464,11 @@ def calibrate(
     if fixed:
         size = fixed
     elif batch_size is not None:
-        size = max(1, int(batch_size))
+        size = min(max(1, int(batch_size)), fit)
     else:  # weigh one sample's activations, then fill the budget
         per_sample = collect(next(data.batches(1)), 0, 0)
         seen = 1
-        size = auto_batch(per_sample, activation_budget)
+        size = min(auto_batch(per_sample, activation_budget), fit)
         logger.info("calibration batch %d: %.1f MB of activations per sample, budget %.0f MB",
                     size, per_sample / 1e6, activation_budget / 1e6)
     for index, feeds in enumerate(data.batches(size, start=seen), start=1 if seen else 0):
