@@ -112,8 +112,8 @@ def check_npz(path: Path, limits: Limits) -> None:
             if info.file_size > limits.ratio_from:
                 _check_ratio(path, info.filename, info.file_size, info.compress_size, limits)
     if total > limits.data_bytes:
-        raise DataError(f"{path}: the arrays take {total / 2**30:.1f} GiB (memory budget "
-                        f"{limits.data_bytes / 2**30:.0f} GiB); use a smaller data set")
+        raise DataError(f"{path}: the arrays take {total / 2**20:.0f} MiB (memory budget "
+                        f"{limits.data_bytes / 2**20:.0f} MiB); use a smaller data set")
 
 
 def _check_ratio(path: Path, name: str, decoded: int, packed: int, limits: Limits) -> None:
