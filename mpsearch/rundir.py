@@ -27,8 +27,8 @@ from mpsearch.errors import SearchError
 from mpsearch.spec import SearchSpec
 
 __all__ = ["Baseline", "Front", "FrontPoint", "MeasurementCache", "RunDir", "atomic_write",
-           "check_measurements", "format_bytes", "load_run_json", "read_json", "versus_fp32",
-           "write_json"]
+           "check_measurements", "format_bytes", "load_json", "load_run_json", "read_json",
+           "versus_fp32", "write_json"]
 
 logger = logging.getLogger(__name__)
 

@@ -29,9 +29,8 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
-from mpsearch._io import load_json
 from mpsearch.errors import MpsearchError
-from mpsearch.rundir import write_json
+from mpsearch.rundir import load_json, write_json
 
 __all__ = ["KINDS", "Store", "Upload", "UploadError", "copy_limited", "new_id", "valid_id"]
 

@@ -142,8 +142,8 @@ def summarize_upload(request: dict[str, Any]) -> dict[str, Any]:
     import onnx
 
     from mpsearch import load_model, summarize
-    from mpsearch._io import write_json
     from mpsearch.errors import ModelError
+    from mpsearch.rundir import write_json
 
     try:
         nodes = len(onnx.load(request["path"], load_external_data=False).graph.node)
