@@ -34,14 +34,15 @@ class Limits:
 
     ``data_bytes``: the memory budget of one data source: the decoded arrays of an
     .npz/.npy, the decoded images (with the working copy of the largest one) or what a reader
-    returns; ``npz_ratio``: once more than ``ratio_from`` bytes are decoded, an .npz (and each
-    member) may expand at most this many times the compressed bytes read
-    (``numpy.savez``, uncompressed, is never refused by it); ``image_pixels``: pixels of one
-    image, read from its header before decoding; ``image_side``: largest ``size``/``crop`` an
-    image option may ask for.
+    returns (inside a process bound of 1 GiB, beside the model and its activations);
+    ``npz_ratio``: once more than ``ratio_from`` bytes are decoded, an .npz (and each member)
+    may expand at most this many times the compressed bytes read (``numpy.savez``,
+    uncompressed, is never refused by it); ``image_pixels``: pixels of one image, read from its
+    header before decoding; ``image_side``: largest ``size``/``crop`` an image option may ask
+    for.
     """
 
-    data_bytes: int = 2 << 30
+    data_bytes: int = 512 << 20
     npz_ratio: float = 100.0
     ratio_from: int = 4 << 20
     image_pixels: int = 40_000_000
@@ -111,8 +112,8 @@ def check_npz(path: Path, limits: Limits) -> None:
             if info.file_size > limits.ratio_from:
                 _check_ratio(path, info.filename, info.file_size, info.compress_size, limits)
     if total > limits.data_bytes:
-        raise DataError(f"{path}: the arrays take {total / 2**30:.1f} GiB (memory budget "
-                        f"{limits.data_bytes / 2**30:.0f} GiB); use a smaller data set")
+        raise DataError(f"{path}: the arrays take {total / 2**20:.0f} MiB (memory budget "
+                        f"{limits.data_bytes / 2**20:.0f} MiB); use a smaller data set")
 
 
 def _check_ratio(path: Path, name: str, decoded: int, packed: int, limits: Limits) -> None:

@@ -17,10 +17,11 @@ import math
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
+
+from mpsearch._io import read_text
 
 __all__ = [
     "UNSET",
@@ -79,6 +80,8 @@ _FLOAT_12 = re.compile(r"^[-+]?(?:[0-9][0-9_]*)?(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
 #: Deepest nesting of mappings and lists accepted: specs and profiles need a handful, and the
 #: composer recurses once per level (5,000 levels exhaust Python's stack).
 MAX_DEPTH = 64
+#: Bytes of one YAML file (PyYAML takes ~100 times a file's size to parse it).
+YAML_LIMIT = 1 << 20
 
 
 class _LineLoader(yaml.SafeLoader):
@@ -138,11 +141,6 @@ _LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)
 _LineLoader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)
 
 
-def _byte_line(data: bytes, offset: int) -> int:
-    """1-based line of byte ``offset`` in ``data``."""
-    return data.count(b"\n", 0, offset) + 1
-
-
 def load_yaml(path: str | os.PathLike[str], error: type[Exception]) -> Any:
     """Parse one YAML file; mappings become LineDict, sequences LineList.
 
@@ -151,13 +149,10 @@ def load_yaml(path: str | os.PathLike[str], error: type[Exception]) -> Any:
     """
     file = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text(path, error, limit=YAML_LIMIT, fix="a spec or profile is a few kB; "
+                         "check the path")
     except OSError as e:
         raise error(f"{file}: cannot read the file ({e.strerror}); check the path") from e
-    except UnicodeDecodeError as e:
-        line = _byte_line(Path(path).read_bytes(), e.start)
-        raise error(f"{file}:{line}: byte {e.object[e.start]:#04x} is not UTF-8; save the file "
-                    "as UTF-8") from e
     loader = _LineLoader(text)
     loader.file = file
     loader.error_cls = error

@@ -15,11 +15,11 @@ import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
 
+from mpsearch._io import load_json
 from mpsearch.errors import QuantizationError
 from mpsearch.graph import ModelGraph, Node
 from mpsearch.profiles import Format, HardwareProfile, TensorFormat
@@ -177,11 +177,12 @@ def load_assignment(
     path: str | os.PathLike[str], graph: ModelGraph, profile: HardwareProfile
 ) -> Assignment:
     """Read a JSON object ``{node: format}`` (or ``{"assignment": {...}}``) and validate it."""
+    fix = 'write it as {"node name": "format"}'
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise QuantizationError(f"{path}: cannot read the assignment JSON ({e}); "
-                                "write it as {\"node name\": \"format\"}") from e
+        data = load_json(path, QuantizationError, fix=fix)
+    except FileNotFoundError as e:
+        raise QuantizationError(f"{path}: cannot read the assignment JSON (no such file); "
+                                f"{fix}") from e
     if isinstance(data, dict) and isinstance(data.get("assignment"), dict):
         data = data["assignment"]
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):

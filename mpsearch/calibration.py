@@ -17,8 +17,6 @@ import logging
 import math
 import os
 import time
-import zipfile
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,9 +26,11 @@ from typing import Any
 import numpy as np
 
 from mpsearch import kernels
-from mpsearch._io import atomic_write, json_finite
+from mpsearch._data_limits import CORRUPT, Limits, read_npz
+from mpsearch._io import atomic_write, json_finite, load_json
 from mpsearch.data import Dataset, check_finite, check_signature
-from mpsearch.errors import CalibrationError
+from mpsearch.errors import CalibrationError, DataError
+from mpsearch.evaluate import fitting_batch
 from mpsearch.graph import ModelGraph
 from mpsearch.progress import Progress, Reporter
 from mpsearch.runtime import create_session
@@ -47,6 +47,8 @@ _FORMAT = 2
 #: A Softmax input's values more than this far below their row's maximum weigh less than
 #: exp(-20) = 2e-9 of it: their range is clipped there (see ``TensorStats.softmax_row_max``).
 SOFTMAX_SPAN = 20.0
+#: Decoded bytes a saved table's histograms may take (they are int64, one row a tensor).
+TABLE_LIMITS = Limits(data_bytes=256 << 20)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -197,24 +199,48 @@ def _digest(array: np.ndarray) -> str:
 
 
 def load_table(directory: str | os.PathLike[str]) -> CalibrationTable:
-    """Read a table written by :meth:`CalibrationTable.save`."""
+    """Read a table written by :meth:`CalibrationTable.save`, under the input budget (its JSON
+    capped, bounded in depth and finite; its npz decoded against :data:`TABLE_LIMITS`, no link
+    followed); CalibrationError naming the file when it is missing or damaged."""
     folder = Path(directory)
+    fix = "delete it and recalibrate"
     try:
-        meta = json.loads((folder / TABLE_JSON).read_text())
-        with np.load(folder / TABLE_NPZ, allow_pickle=False) as archive:
-            hists = archive["hists"]
+        meta = load_json(folder / TABLE_JSON, CalibrationError, links=False, fix=fix)
+        _regular(folder / TABLE_NPZ, fix)
+        hists = read_npz(folder / TABLE_NPZ, TABLE_LIMITS)["hists"]
     except FileNotFoundError as e:
         raise CalibrationError(f"{folder}: no calibration table ({e.filename} is missing); run "
                                "'mpsearch calibrate' first") from e
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-        raise CalibrationError(f"{folder}: the calibration table is unreadable "
-                               f"({type(e).__name__}: {str(e)[:200]}); delete it and "
-                               "recalibrate") from e
-    if meta.get("format") != _FORMAT or meta.get("hist_digest") != _digest(hists):
+    except DataError as e:
+        raise CalibrationError(f"{e}; {fix}") from e
+    except (*CORRUPT, KeyError) as e:
+        raise CalibrationError(f"{folder / TABLE_NPZ}: the calibration table is unreadable "
+                               f"({type(e).__name__}: {str(e)[:200]}); {fix}") from e
+    if (not isinstance(meta, dict) or meta.get("format") != _FORMAT
+            or hists.ndim != 2 or hists.dtype != np.int64
+            or meta.get("hist_digest") != _digest(hists)):
         raise CalibrationError(f"{folder}: the calibration table is from another version or "
-                               "half-written; delete it and recalibrate")
+                               f"half-written; {fix}")
+    try:
+        return _table(meta, hists)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise CalibrationError(f"{folder / TABLE_JSON}: the calibration table is malformed "
+                               f"({type(e).__name__}: {str(e)[:200]}); {fix}") from e
+
+
+def _regular(path: Path, fix: str) -> None:
+    """CalibrationError unless ``path`` is a regular file (not a link, a pipe or a device)."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise CalibrationError(f"{path}: is a link or not a regular file, which mpsearch does "
+                               f"not read inside a run directory; {fix}")
+
+
+def _table(meta: Mapping[str, Any], hists: np.ndarray) -> CalibrationTable:
+    order = meta["order"]
+    if not isinstance(order, list) or len(order) != len(hists):
+        raise ValueError(f"{len(hists)} histograms for {len(order)} tensors")
     tensors = {}
-    for row, name in enumerate(meta["order"]):
+    for row, name in enumerate(order):
         d = meta["tensors"][name]
         hist = hists[row].copy()
         hist.flags.writeable = False
@@ -409,6 +435,7 @@ def calibrate(
     tensors = graph.activation_tensors()
     inputs = {i.name for i in graph.inputs}
     exposed = [t for t in tensors if t not in inputs]
+    fit = fitting_batch(graph, None, "calibration", tensors=tuple(exposed))
     session = create_session(graph.model, threads=threads, extra_outputs=exposed,
                              optimize=optimize, label=graph.name, arena=False)
     kernels.set_threads(threads)
@@ -437,11 +464,11 @@ def calibrate(
     if fixed:
         size = fixed
     elif batch_size is not None:
-        size = max(1, int(batch_size))
+        size = min(max(1, int(batch_size)), fit)
     else:  # weigh one sample's activations, then fill the budget
         per_sample = collect(next(data.batches(1)), 0, 0)
         seen = 1
-        size = auto_batch(per_sample, activation_budget)
+        size = min(auto_batch(per_sample, activation_budget), fit)
         logger.info("calibration batch %d: %.1f MB of activations per sample, budget %.0f MB",
                     size, per_sample / 1e6, activation_budget / 1e6)
     for index, feeds in enumerate(data.batches(size, start=seen), start=1 if seen else 0):

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
+import os
 import time
 import weakref
 from collections.abc import Callable, Mapping
@@ -41,6 +43,11 @@ logger = logging.getLogger(__name__)
 #: they leave unchanged from a shared file (:class:`~mpsearch.runtime.SharedWeights`): below
 #: it, serializing them costs little.
 SHARE_WEIGHTS_ABOVE = 8 << 20
+#: The environment variable that sets the activation memory (MB) of one batch.
+ACTIVATION_ENV = "MPSEARCH_ACTIVATION_MB"
+#: Activation memory of one batch by default: ONNX Runtime's working tensors of the largest
+#: node, and for calibration every exposed activation, inside a process bound of 1 GiB.
+ACTIVATION_MB = 512
 
 MetricFn = Callable[[np.ndarray, np.ndarray, "np.ndarray | None"], float]
 
@@ -177,6 +184,7 @@ class Evaluator:
             raise DataError(f"{data.source}: no samples to evaluate on")
         self.graph = graph
         self.data = data
+        batch_size = fitting_batch(graph, batch_size, "evaluation")
         self.batch_size = batch_size
         self.threads = threads
         self.output = graph.outputs[0].name
@@ -263,3 +271,80 @@ def _check_outputs(outputs: np.ndarray, what: str, fix: str) -> None:
     if bad.any():
         raise DataError(f"{what} outputs NaN or Inf for {int(bad.sum())} of {len(outputs)} "
                         f"samples (first: sample {int(np.argmax(bad))}); {fix}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivationSize:
+    """Bytes of one sample's activations, from the graph's inferred shapes (a leading symbolic
+    dimension is the batch; tensors with other unknown dimensions are not counted).
+    ``largest`` is the largest tensor, ``node`` the largest node's inputs and outputs together
+    (what ONNX Runtime holds at once to run it), ``total`` every float activation given."""
+
+    tensor: str
+    largest: int
+    node: int
+    total: int
+
+
+def activation_budget() -> int:
+    """Bytes the activations of one batch may take: ``MPSEARCH_ACTIVATION_MB`` (MB), else
+    :data:`ACTIVATION_MB`."""
+    text = os.environ.get(ACTIVATION_ENV, "").strip()
+    if not text:
+        return ACTIVATION_MB * 1_000_000
+    try:
+        mb = int(text)
+    except ValueError:
+        mb = 0
+    if not 1 <= mb <= 1 << 24:
+        raise DataError(f"{ACTIVATION_ENV}={text!r} must be a whole number of MB from 1; "
+                        f"unset it for the default {ACTIVATION_MB}")
+    return mb * 1_000_000
+
+
+def _per_sample(graph: ModelGraph, tensor: str) -> int | None:
+    shape = graph.shapes.get(tensor)
+    if shape is None or tensor in graph.initializers or tensor not in graph.elem_types:
+        return None
+    dims = [d for d in (shape[1:] if shape and not isinstance(shape[0], int) else shape)
+            if isinstance(d, int) and d >= 0]
+    if len(dims) != len(shape) - (1 if shape and not isinstance(shape[0], int) else 0):
+        return None
+    try:
+        size = onnx.helper.tensor_dtype_to_np_dtype(graph.elem_types[tensor]).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
+    return math.prod(dims) * int(size)
+
+
+def activation_size(graph: ModelGraph, tensors: tuple[str, ...] = ()) -> ActivationSize:
+    """One sample's activation bytes of ``graph``; ``total`` sums ``tensors``."""
+    sizes = {t: b for t in graph.shapes if (b := _per_sample(graph, t)) is not None}
+    tensor = max(sizes, key=lambda t: sizes[t], default="")
+    node = max((sum(sizes.get(t, 0) for t in {*n.inputs, *n.outputs} if t)
+                for n in graph.nodes.values()), default=0)
+    return ActivationSize(tensor=tensor, largest=sizes.get(tensor, 0), node=node,
+                          total=sum(sizes.get(t, 0) for t in tensors))
+
+
+def fitting_batch(graph: ModelGraph, batch: int | None, what: str, *,
+                  tensors: tuple[str, ...] = (), budget: int | None = None) -> int:
+    """``batch`` (None: as many as fit) shrunk so one batch's activations fit the activation
+    budget: twice the largest node's inputs and outputs (ONNX Runtime's arena holds about as
+    much again), plus ``tensors`` held as outputs. DataError naming the largest tensor, its
+    size and the setting to raise when one sample alone does not fit."""
+    budget = activation_budget() if budget is None else budget
+    size = activation_size(graph, tensors)
+    per_sample = 2 * size.node + size.total
+    if per_sample > budget:
+        held = f" ({per_sample / 1e6:.0f} MB with ONNX Runtime's working copies and the " \
+            f"activations held for {what})"
+        raise DataError(f"{graph.name}: tensor '{size.tensor}' takes "
+                        f"{size.largest / 1e6:.0f} MB per sample{held}, more than the "
+                        f"{budget / 1e6:.0f} MB activations may use; raise {ACTIVATION_ENV} "
+                        "(MB) if the machine has the memory, or feed smaller inputs")
+    fit = max(1, budget // max(per_sample, 1))
+    if batch is not None and fit < batch:
+        logger.info("%s: batches of %d (not %d): %.1f MB of activations per sample fit %.0f "
+                    "MB", what, fit, batch, per_sample / 1e6, budget / 1e6)
+    return int(fit if batch is None else min(batch, fit))

@@ -22,26 +22,38 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from mpsearch._io import atomic_write, write_json
+from mpsearch._io import atomic_write, load_json, read_text, write_json
 from mpsearch._wording import format_bytes, latency_words, speed_at, versus_fp32
 from mpsearch.errors import SearchError
 from mpsearch.spec import SearchSpec
 
 __all__ = ["Baseline", "Front", "FrontPoint", "MeasurementCache", "RunDir", "atomic_write",
-           "check_measurements", "format_bytes", "latency_words", "read_json", "speed_at",
+           "check_measurements", "format_bytes", "latency_words", "load_json",
+           "load_run_json", "read_json", "speed_at",
            "versus_fp32", "write_json"]
 
 logger = logging.getLogger(__name__)
 
 _FLUSH_SECONDS = 5.0
+_WARNED: set[Path] = set()  # damaged measurement caches already reported in this process
 
 
 def read_json(path: Path) -> Any:
-    """The JSON value of ``path``, or None when it is missing or unreadable."""
+    """The JSON value of ``path``, or None when it is missing or damaged (too large, nested
+    too deep, non-finite numbers, a link or a torn write): for readers that show what is
+    there. Readers that act on a file use :func:`load_run_json`."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return load_run_json(path)
+    except (FileNotFoundError, SearchError):
         return None
+
+
+def load_run_json(path: Path, fix: str = "") -> Any:
+    """The JSON value of a run directory's file ``path``, read under mpsearch's input budget
+    (:func:`mpsearch._io.load_json`, no link followed); SearchError naming the file and the
+    damage, FileNotFoundError when it is missing."""
+    return load_json(path, SearchError, links=False,
+                     fix=fix or "delete the file and rerun the stage that writes it")
 
 
 def _csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -314,7 +326,17 @@ class MeasurementCache(dict[str, Any]):
             logger.info("%s: the %s cache is for other inputs; measuring again", path, split)
 
     def _sections(self) -> dict[str, Any]:
-        stored = read_json(self.path) if self.path is not None else None
+        """The file's sections; a damaged file is a cache to rebuild, with a warning."""
+        stored = None
+        if self.path is not None:
+            try:
+                stored = load_run_json(self.path, "it is a cache: measuring again")
+            except FileNotFoundError:
+                pass
+            except SearchError as e:
+                if self.path not in _WARNED:  # once, not for each split's section
+                    _WARNED.add(self.path)
+                    logger.warning("%s", e)
         sections = stored.get("splits") if isinstance(stored, dict) else None
         return sections if isinstance(sections, dict) else {}
 
@@ -424,7 +446,8 @@ class RunDir:
         """``spec.yaml``: ``spec`` as YAML that ``load_spec`` reads back, under ``header``
         (comment lines; by default the comment lines the file already starts with)."""
         if not header and self.spec_yaml.is_file():
-            lines = self.spec_yaml.read_text(encoding="utf-8").splitlines(keepends=True)
+            lines = read_text(self.spec_yaml, SearchError, links=False,
+                              limit=1 << 20).splitlines(keepends=True)
             header = "".join(line for line in _leading_comments(lines))
         atomic_write(self.spec_yaml, (header + spec.to_yaml()).encode())
 
@@ -499,13 +522,17 @@ class RunDir:
         _csv(self.trials_csv, ["trial", "state", "metric", "size", "latency", "source"], rows)
 
     def read_front(self) -> Front:
-        """The finished search's front (SearchError when this is not a finished run)."""
-        data = read_json(self.front_json)
+        """The finished search's front (SearchError when this is not a finished run, or its
+        front is damaged)."""
+        try:
+            data = load_run_json(self.front_json, "run the search again")
+        except FileNotFoundError:
+            data = None
         if not isinstance(data, dict):
             raise SearchError(f"{self.path}: not a finished search run (no readable "
                               f"{self.front_json.name}); run `mpsearch search` first")
         try:
             return Front.from_dict(data)
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
             raise SearchError(f"{self.front_json}: unreadable front ({e}); run the search "
                               "again") from e

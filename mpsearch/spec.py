@@ -446,6 +446,19 @@ def _path(section: Section, key: str, base: Path) -> str:
     return str(path if path.is_absolute() else (base / path).resolve())
 
 
+def _storage(value: str | None, base: Path) -> str | None:
+    """A ``storage:`` journal path or ``sqlite:///`` file, relative to the spec's folder as
+    every path of a spec is; other URLs as given."""
+    if value is None or value.startswith(("sqlite:////", "sqlite:///:memory:")):
+        return value
+    if value.startswith("sqlite:///"):
+        return "sqlite:///" + str((base / value[len("sqlite:///"):]).resolve())
+    if "://" in value:
+        return value
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else (base / path).resolve())
+
+
 def _bounded(section: Section, key: str, default: int) -> int:
     """An integer setting within its :data:`_INT_BOUNDS`, refused at its line otherwise."""
     value: int = section.get_int(key, default)
@@ -536,7 +549,7 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
         objectives=objectives,
         sampler=root.get_str("sampler", "auto", choices=SAMPLER_NAMES),
         seed=_bounded(root, "seed", 0),
-        storage=root.get_str("storage", None),
+        storage=_storage(root.get_str("storage", None), base),
         study=root.get_str("study", None),
         heartbeat_s=root.get_float("heartbeat", 60.0, positive=True),
         formats=root.get_str_list("formats", None, non_empty=True),

@@ -12,7 +12,7 @@ says "not run". This module loads and normalizes the run files; the figures come
 from __future__ import annotations
 
 import csv
-import json
+import io
 import logging
 import math
 import os
@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mpsearch._io import atomic_write
+from mpsearch._io import atomic_write, load_json, read_text
 from mpsearch.errors import MpsearchError
 from mpsearch.report import _figures as figs
 from mpsearch.report._page import CLASS_COLORS, format_color, render_page
@@ -40,12 +40,10 @@ RunFiles = dict[str, Any]
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return load_json(path, MpsearchError, links=False,
+                         fix="rerun the stage that writes it or delete the file")
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MpsearchError(f"{path}: cannot read it as JSON ({e}); rerun the stage that "
-                            "writes it or delete the file") from e
 
 
 def _number(text: str | None) -> float | None:
@@ -59,11 +57,12 @@ def _number(text: str | None) -> float | None:
 def _read_trials(path: Path) -> list[dict[str, Any]]:
     """``trials.csv`` rows with numbers parsed; empty when the file is missing."""
     try:
-        with path.open(newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
+        text = read_text(path, MpsearchError, links=False, limit=64 << 20,
+                         fix="rerun the search or delete the file")
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
     except FileNotFoundError:
         return []
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
+    except csv.Error as e:
         raise MpsearchError(f"{path}: cannot read it as CSV ({e})") from e
     return [{"trial": _number(r.get("trial")), "state": r.get("state") or "",
              "metric": _number(r.get("metric")), "size": _number(r.get("size")),

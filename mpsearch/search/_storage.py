@@ -9,7 +9,6 @@ trial RUNNING (failed and queued again). The other modules that import optuna ar
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -19,9 +18,12 @@ from pathlib import Path
 
 import optuna
 from optuna.storages import JournalStorage, RDBStorage, RetryFailedTrialCallback
+from optuna.storages._rdb.models import BaseModel
 from optuna.storages.journal import JournalFileBackend
+from sqlalchemy import create_engine, inspect
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
+from mpsearch._io import JSON_MEMORY, parse_json
 from mpsearch.errors import SearchError
 from mpsearch.search._settings import SearchSettings
 
@@ -63,46 +65,63 @@ def make_sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampl
 
 #: How every Optuna journal record starts (compact JSON of a dict built with ``op_code`` first).
 _RECORD_START = b'{"op_code":'
-_MAX_RECORD = 64 << 20  # bytes of one journal line, at most
+_MAX_RECORD = 16 << 20  # bytes of one journal line, at most
+_JOURNAL_LIMIT = 256 << 20  # bytes of a journal (Optuna parses every record into memory)
+_JOURNAL_MEMORY = 2 * JSON_MEMORY  # the records as Python objects, estimated as parse_json does
+_NOT_JOURNAL = ("not an Optuna journal (its first line is not a journal record), so the "
+                "search will not append to it; give a new file or a database URL as storage")
 
 
-def _check_journal(path: Path) -> None:
+def _check_journal(path: Path, own: bool = False) -> None:
     """SearchError unless the existing file ``path`` is an Optuna journal: a regular file,
-    empty or every complete line a journal record, the last one possibly torn (the start of
-    a record, dropped on open).
+    empty, or its first line a whole journal record and every later complete line one too, the
+    last one possibly torn (the start of a record, dropped on open); its records parsed within
+    mpsearch's JSON budget. ``own``: the run directory's journal, which must not be a link.
     Checked before Optuna opens it for appending, so a spec naming any other file (``storage:
-    ~/notes.txt``) never has journal records appended to it."""
+    ~/notes.txt``, or one holding just ``{``) never has journal records appended to it."""
     fix = "remove that line to use the journal (the records around it stay) or start a new one"
+    if own and path.is_symlink():
+        raise SearchError(f"{path}: is a symbolic link, which mpsearch does not follow inside "
+                          "a run directory; replace it with the journal file itself")
     if not path.is_file():
         raise SearchError(f"{path}: the storage is not a regular file; give a journal file "
                           "path or a database URL")
     try:
+        size = path.stat().st_size
+        if size > _JOURNAL_LIMIT:
+            raise SearchError(f"{path}: a {size / 2**20:.0f} MiB journal is larger than "
+                              f"mpsearch loads (limit {_JOURNAL_LIMIT >> 20} MiB); start a new "
+                              "journal or use a database URL as storage")
+        cost = 0
         with path.open("rb") as f:
             for number, line in enumerate(iter(lambda: f.readline(_MAX_RECORD + 1), b""), 1):
                 if len(line) > _MAX_RECORD:
                     raise SearchError(f"{path}:{number}: a line over {_MAX_RECORD >> 20} MiB "
                                       f"is not an Optuna journal record; {fix}")
                 torn = not line.endswith(b"\n")  # a record cut short by a kill, or not one
+                if number == 1 and (torn or not _is_record(line, path)):
+                    raise SearchError(f"{path}: {_NOT_JOURNAL}")
                 if torn and (line.startswith(_RECORD_START) or _RECORD_START.startswith(line)):
                     break
-                if (torn or not _is_record(line)) and number == 1:
-                    raise SearchError(f"{path}: not an Optuna journal (its first line is not a "
-                                      "journal record), so the search will not append to it; "
-                                      "give a new file or a database URL as storage")
-                if torn or not _is_record(line):
+                if torn or not _is_record(line, path):
                     raise SearchError(f"{path}:{number}: not an Optuna journal record (a torn "
                                       f"or foreign line); {fix}")
+                cost += 3 * len(line) + 100 * sum(line.count(c) for c in b",:[{")
+                if cost > _JOURNAL_MEMORY:
+                    raise SearchError(f"{path}: its records would take over "
+                                      f"{_JOURNAL_MEMORY >> 20} MiB to load (at line {number});"
+                                      " start a new journal or use a database URL as storage")
     except OSError as e:
         raise SearchError(f"{path}: cannot read the journal ({e.strerror}); check the path "
                           "and its permissions") from e
 
 
-def _is_record(line: bytes) -> bool:
+def _is_record(line: bytes, path: Path) -> bool:
     if not line.startswith(_RECORD_START):
         return False
     try:
-        record = json.loads(line)
-    except ValueError:
+        record = parse_json(line, str(path), SearchError, memory=_MAX_RECORD * 8)
+    except SearchError:
         return False
     return (isinstance(record, dict) and type(record.get("op_code")) is int
             and isinstance(record.get("worker_id"), str))
@@ -120,11 +139,11 @@ def _journal_path(url: str, run_dir: Path) -> Path:
     return path
 
 
-def _journal(path: Path) -> optuna.storages.BaseStorage:
+def _journal(path: Path, own: bool = False) -> optuna.storages.BaseStorage:
     """A journal file (checked by :func:`_check_journal`), its torn last line (a write cut by
     a kill or a full disk) dropped first, so the next record does not land glued to it."""
     if path.exists() or path.is_symlink():
-        _check_journal(path)
+        _check_journal(path, own)
     if path.is_file() and path.stat().st_size:
         with path.open("rb+") as f:
             f.seek(-1, os.SEEK_END)
@@ -136,6 +155,29 @@ def _journal(path: Path) -> optuna.storages.BaseStorage:
                                len(data) - keep)
                 f.truncate(keep)
     return JournalStorage(JournalFileBackend(str(path)))
+
+
+#: Optuna's own tables (alembic's table records its schema version).
+_OPTUNA_TABLES = frozenset(BaseModel.metadata.tables) | {"alembic_version"}
+_OPTUNA_CORE = frozenset({"studies", "trials", "version_info"})
+
+
+def _check_database(url: str) -> None:
+    """SearchError unless the database at ``url`` is empty or holds Optuna's schema (its core
+    tables; or only Optuna's tables, as while another worker creates them), so a URL naming
+    another program's database never gets Optuna's tables added to it."""
+    engine = create_engine(url)
+    try:
+        names = set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+    if not names or _OPTUNA_CORE <= names or names <= _OPTUNA_TABLES:
+        return
+    shown = engine.url.render_as_string(hide_password=True)
+    others = ", ".join(sorted(names - _OPTUNA_TABLES)[:5])
+    raise SearchError(f"{shown}: the database holds another program's tables ({others}) and "
+                      "not Optuna's, so the search will not add its tables to it; give an empty "
+                      "database or one an Optuna study already uses")
 
 
 def _rdb(url: str, heartbeat: float) -> RDBStorage:
@@ -157,11 +199,19 @@ def _storage(url: str | None, journal: Path, heartbeat: float = 60.0
              ) -> optuna.storages.BaseStorage:
     if url is None:
         journal.parent.mkdir(parents=True, exist_ok=True)
-        return _journal(journal)
+        return _journal(journal, own=True)
     if "://" not in url:  # a journal file path
         return _journal(_journal_path(url, journal.parent))
     if url.startswith(("postgresql://", "postgres://")):  # the driver mpsearch[postgres] installs
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
+    try:
+        _check_database(url)
+    except SearchError:
+        raise
+    except Exception as e:
+        raise SearchError(f"cannot open Optuna storage '{url}' ({e}); check the URL and "
+                          "that its driver is installed (pip install 'mpsearch[postgres]')"
+                          ) from e
     race: Exception | None = None
     for attempt in range(_SCHEMA_ATTEMPTS):
         try:

@@ -31,7 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
 from mpsearch.errors import MpsearchError
-from mpsearch.rundir import write_json
+from mpsearch.rundir import load_json, write_json
 
 __all__ = ["KINDS", "Store", "Upload", "UploadError", "copy_limited", "new_id", "valid_id"]
 
@@ -140,7 +140,7 @@ class Store:
         if kind not in KINDS or meta is None or not meta.is_file():
             raise UploadError(f"no {kind[:-1] if kind != 'data' else 'data'} upload "
                               f"'{upload_id}' in this work directory", status=404)
-        doc = json.loads(meta.read_text(encoding="utf-8"))
+        doc = load_json(meta, UploadError, links=False, limit=1 << 20)
         return Upload(id=upload_id, kind=kind, name=doc["name"], created=doc["created"],
                       path=meta.parent / doc["file"], info=doc.get("info", {}))
 
@@ -184,18 +184,17 @@ class Store:
             if same is not None:  # the same file under the same name: one entry
                 shutil.rmtree(folder, ignore_errors=True)
                 return same
-            summary = _elsewhere("model", {"path": str(path)})
-            write_json(folder / "summary.json", summary)
-        info = {"params": summary["params"], "flops": summary["flops"],
-                "nodes": len(summary["nodes"]), "graph": summary["model"],
-                "weight_bytes": summary["weight_bytes"], "file_bytes": path.stat().st_size,
-                "sha256": digest}
+            info = _elsewhere("model", {"path": str(path),
+                                        "summary": str(folder / "summary.json")})
+        info["file_bytes"] = path.stat().st_size
+        info["sha256"] = digest
         if bundled:
             info["bundled"] = bundled
         return self._commit("models", upload_id, shown, "model.onnx", info)
 
     def summary(self, model: Upload) -> dict[str, Any]:
-        doc: dict[str, Any] = json.loads((model.path.parent / "summary.json").read_text())
+        doc: dict[str, Any] = load_json(model.path.parent / "summary.json", UploadError,
+                                        links=False)
         return doc
 
     # -- profiles ------------------------------------------------------------------------

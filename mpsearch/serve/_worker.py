@@ -128,14 +128,37 @@ def decode_upload(request: dict[str, Any]) -> dict[str, Any]:
     return {"samples": len(dataset), "labels": dataset.labels is not None}
 
 
+#: Nodes of an uploaded model, at most: summarising one of 600k nodes takes minutes and more
+#: memory than an upload may use, so it is refused after counting, before it is summarised.
+MAX_UPLOAD_NODES = 200_000
+
+
 def summarize_upload(request: dict[str, Any]) -> dict[str, Any]:
     """Load the model upload ``request["path"]`` within ``request["memory"]`` bytes of
-    address space and return its summary (:func:`mpsearch.summarize`, as a dict)."""
+    address space, write its summary (:func:`mpsearch.summarize`) to ``request["summary"]``
+    and return the few figures an upload record shows: the summary of a model of many nodes
+    is large, and is never parsed by the server to store an upload."""
     _limit_memory(int(request["memory"]))
+    import onnx
+
     from mpsearch import load_model, summarize
+    from mpsearch.errors import ModelError
+    from mpsearch.rundir import write_json
+
+    try:
+        nodes = len(onnx.load(request["path"], load_external_data=False).graph.node)
+    except Exception:  # not a model: load_model says why, in its own words
+        nodes = 0
+    if nodes > MAX_UPLOAD_NODES:
+        raise ModelError(f"{request['path']}: the model has {nodes} nodes, more than the "
+                         f"{MAX_UPLOAD_NODES} an upload may use; summarise and search it with "
+                         "the CLI (mpsearch summary, mpsearch search)")
 
     summary: dict[str, Any] = summarize(load_model(request["path"])).to_dict()
-    return summary
+    write_json(request["summary"], summary)
+    return {"params": summary["params"], "flops": summary["flops"],
+            "nodes": len(summary["nodes"]), "graph": summary["model"],
+            "weight_bytes": summary["weight_bytes"]}
 
 
 _UPLOADS = {"data": decode_upload, "model": summarize_upload}

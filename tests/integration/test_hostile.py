@@ -106,11 +106,11 @@ def _bzip2_members(t: Path) -> str:
 
 
 def _overstated(method: int) -> Callable[[Path], str]:
-    """512 MiB of zeros whose directory claims a compressed size 1/50 of it: the header ratio
+    """256 MiB of zeros whose directory claims a compressed size 1/50 of it: the header ratio
     passes, the bytes decoded are counted against the bytes actually read."""
     def build(t: Path) -> str:
-        head = forge.npy_header(((512 << 20) // 4,))
-        data, crc, size = forge.compress(method, head, 512 << 20)
+        head = forge.npy_header(((256 << 20) // 4,))
+        data, crc, size = forge.compress(method, head, 256 << 20)
         path = t / f"overstated_{method}.npz"
         forge.write_zip(path, [forge.Member("input.npy", method, data, crc, size,
                                             packed=size // 50)])
@@ -128,12 +128,12 @@ def _understated(t: Path) -> str:
     return str(path)
 
 
-def _big_pngs(t: Path) -> str:
-    """Eight 6000x6000 black PNGs (~840 KB): 3.2 GiB as float32 RGB."""
+def _big_pngs(t: Path, count: int = 8) -> str:
+    """``count`` 6000x6000 black PNGs (~105 KB each): 412 MiB each as float32 RGB."""
     folder = t / "big_pngs"
     folder.mkdir()
     image = forge.png(6000, 6000)
-    for i in range(8):
+    for i in range(count):
         (folder / f"{i}.png").write_bytes(image)
     return str(folder)
 
@@ -170,12 +170,15 @@ CASES.update({
     "npz_overstated_bzip2": _data_case(
         _overstated(zipfile.ZIP_BZIP2), "member 'input.npy' expands"),
     "npz_overstated_lzma": _data_case(
-        _overstated(zipfile.ZIP_LZMA), "member 'input.npy' expands 112x to 7 MiB"),
+        _overstated(zipfile.ZIP_LZMA), "member 'input.npy' expands 110x to 4 MiB"),
     "npz_understated_bzip2": _data_case(
         _understated, "member 'input.npy' holds more than its .npy header declares"),
     "eight_6000px_pngs": _data_case(
         _big_pngs, "8 images of 6000x6000x3 as float32 takes the data past 4086 MiB decoded "
-        "(memory budget 2048 MiB)"),
+        "(memory budget 512 MiB)"),
+    "three_6000px_pngs": _data_case(
+        lambda t: _big_pngs(t, 3), "3 images of 6000x6000x3 as float32 takes the data past "
+        "2026 MiB decoded (memory budget 512 MiB)"),
     "zip_of_120k_images": _data_case(
         _many_members, "the zip lists 120000 members in a 6608890-byte directory (limit "
         "100000 members)"),
@@ -258,7 +261,7 @@ def test_image_size_is_budgeted_before_decoding(tmp_path: Path) -> None:
             z.writestr(f"img/{i}.png", forge.png(4, 4))
     assert archive.stat().st_size < 1100
     with pytest.raises(mpsearch.DataError, match=r"six.zip/img: 6 images of 8192x8192x3 as "
-                       r"float32 takes the data past 5568 MiB decoded \(memory budget 2048"):
+                       r"float32 takes the data past 5568 MiB decoded \(memory budget 512"):
         mpsearch.load_data(archive, images=mpsearch.ImageOptions(size=(8192, 8192)))
     small = mpsearch.load_data(archive, images=mpsearch.ImageOptions(size=(16, 16)))
     assert small.inputs["input"].shape == (6, 3, 16, 16)

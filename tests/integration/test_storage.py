@@ -92,3 +92,75 @@ def test_an_empty_file_becomes_a_journal(tmp_path: Path) -> None:
     path.write_bytes(b"")
     _journal_with_a_trial(path)
     assert path.read_bytes().startswith(b'{"op_code":')
+
+
+@pytest.mark.parametrize("content", [b"{", b'{"op_code":', b'{"op_code": 0, "worker_id": "w"}'])
+def test_a_prefix_of_a_record_is_not_a_journal(content: bytes, tmp_path: Path) -> None:
+    """A file holding only the start of a record (or a record with no line end) was not written
+    by Optuna: refused, byte-identical, whether named by storage: or in the run directory."""
+    path = tmp_path / "x.journal"
+    path.write_bytes(content)
+    with pytest.raises(SearchError, match="its first line is not a journal record"):
+        _storage(str(path), tmp_path / "run")
+    own = tmp_path / "run" / "study.journal"
+    own.parent.mkdir()
+    own.write_bytes(content)
+    with pytest.raises(SearchError, match="its first line is not a journal record"):
+        _storage(None, own)
+    assert path.read_bytes() == content and own.read_bytes() == content
+
+
+def test_a_link_as_the_run_journal_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere.journal"
+    _journal_with_a_trial(elsewhere)
+    before = _digest(elsewhere)
+    own = tmp_path / "run" / "study.journal"
+    own.parent.mkdir()
+    own.symlink_to(elsewhere)
+    with pytest.raises(SearchError, match="study.journal: is a symbolic link, which mpsearch "
+                                          "does not follow inside a run directory"):
+        _storage(None, own)
+    assert _digest(elsewhere) == before
+
+
+def _sqlite_with(path: Path, sql: str) -> None:
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        db.execute(sql)
+    db.close()
+
+
+def test_another_programs_database_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    _sqlite_with(path, "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+    before = _digest(path)
+    with pytest.raises(SearchError, match=r"app\.db: the database holds another program's "
+                                          r"tables \(notes\) and not Optuna's"):
+        _storage(f"sqlite:///{path}", tmp_path / "run")
+    assert _digest(path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+
+
+def test_an_empty_or_optuna_database_is_used(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="s", storage=_storage(url, tmp_path))
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    again = optuna.load_study(study_name="s", storage=_storage(url, tmp_path))  # Optuna's
+    assert len(again.trials) == 1
+
+
+def test_a_relative_storage_path_resolves_beside_the_spec(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    from mpsearch.spec import load_spec
+
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    (folder / "a.yaml").write_text("model: m.onnx\nprofile: x86_ort\ndata: {source: d.npz}\n"
+                                   "storage: shared.journal\n")
+    (folder / "b.yaml").write_text("model: m.onnx\nprofile: x86_ort\ndata: {source: d.npz}\n"
+                                   "storage: sqlite:///study.db\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_spec(folder / "a.yaml").storage == str(folder.resolve() / "shared.journal")
+    assert load_spec(folder / "b.yaml").storage == f"sqlite:///{folder.resolve() / 'study.db'}"
