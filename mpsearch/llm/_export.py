@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from mpsearch._names import Namer
 from mpsearch.errors import QuantizationError
 from mpsearch.llm._formats import BlockFormat, Quantized
 from mpsearch.llm._quant import rtn
@@ -31,26 +32,6 @@ __all__ = ["ACCURACY_LEVELS", "export_weight_only", "matmul_nbits_node"]
 #: 2 fp16, 3 bf16, 4 int8)
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 _MS = "com.microsoft"
-
-
-class _Names:
-    """Every name of a graph (tensors, nodes, initializers, inputs, outputs); hands out fresh
-    ones by appending ``_1``, ``_2``, ... to a base taken."""
-
-    def __init__(self, graph: onnx.GraphProto) -> None:
-        self.taken: set[str] = set()
-        for node in graph.node:
-            self.taken.update((node.name, *node.input, *node.output))
-        for values in (graph.initializer, graph.input, graph.output, graph.value_info):
-            self.taken.update(v.name for v in values)
-
-    def fresh(self, base: str) -> str:
-        name, i = base, 0
-        while name in self.taken:
-            i += 1
-            name = f"{base}_{i}"
-        self.taken.add(name)
-        return name
 
 
 def matmul_nbits_node(quantized: Quantized, a: str, output: str, names: Iterable[str],
@@ -99,7 +80,7 @@ class _Writer:
     """Emits the replacement nodes and initializers of one export."""
 
     def __init__(self, graph: onnx.GraphProto, accuracy_level: int) -> None:
-        self.graph, self.level, self.names = graph, accuracy_level, _Names(graph)
+        self.graph, self.level, self.names = graph, accuracy_level, Namer.of_model(graph)
         self.nodes: list[onnx.NodeProto] = []
         self.packed: dict[str, list[str]] = {}  # weight -> its B, scales, zero_points names
         self.gathers: dict[str, list[str]] = {}  # table -> the Reshape outputs of its blocks
