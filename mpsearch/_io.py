@@ -181,10 +181,11 @@ def load_json(path: str | os.PathLike[str], error: type[Exception], *,
 
 
 def parse_json(data: bytes, where: str, error: type[Exception], *, fix: str = "",
-               memory: int = JSON_MEMORY) -> Any:
+               memory: int = JSON_MEMORY, finite: bool = True) -> Any:
     """Parse JSON text, ``error`` (naming ``where``) when it is not JSON, would take more than
     ``memory`` bytes as Python objects (estimated from its separators first), nests deeper
-    than :data:`JSON_DEPTH` or holds a non-finite number."""
+    than :data:`JSON_DEPTH` or (``finite``) holds a non-finite number. ``finite`` False is for
+    files another library writes with them (Optuna's journal: an infinite SQNR attribute)."""
     fix = fix or "fix or delete the file"
     values = sum(data.count(c) for c in (b",", b":", b"[", b"{")) + 1
     estimate = 3 * len(data) + _VALUE_COST * values
@@ -199,18 +200,19 @@ def parse_json(data: bytes, where: str, error: type[Exception], *, fix: str = ""
                     f"{fix}") from e
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
         raise error(f"{where}: not valid JSON ({str(e).splitlines()[0][:120]}); {fix}") from e
-    check_json(value, where, error, fix=fix)
+    check_json(value, where, error, fix=fix, finite=finite)
     return value
 
 
-def check_json(value: Any, where: str, error: type[Exception], *, fix: str = "") -> None:
-    """``error`` naming the field when ``value`` nests deeper than :data:`JSON_DEPTH` or holds
-    a non-finite float (JSON's ``NaN``, ``Infinity``, or ``1e999``)."""
+def check_json(value: Any, where: str, error: type[Exception], *, fix: str = "",
+               finite: bool = True) -> None:
+    """``error`` naming the field when ``value`` nests deeper than :data:`JSON_DEPTH` or
+    (``finite``) holds a non-finite float (JSON's ``NaN``, ``Infinity``, or ``1e999``)."""
     fix = fix or "fix or delete the file"
     stack: list[tuple[Any, str, int]] = [(value, "", 0)]
     while stack:
         item, field, depth = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
+        if finite and isinstance(item, float) and not math.isfinite(item):
             raise error(f"{where}: field '{field or '(top level)'}' is {item}, a number JSON "
                         f"does not have (mpsearch writes none); {fix}")
         children = (item.items() if isinstance(item, dict)

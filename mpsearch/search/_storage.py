@@ -120,7 +120,7 @@ def _is_record(line: bytes, path: Path) -> bool:
     if not line.startswith(_RECORD_START):
         return False
     try:
-        record = parse_json(line, str(path), SearchError, memory=_MAX_RECORD * 8)
+        record = parse_json(line, str(path), SearchError, memory=_MAX_RECORD * 8, finite=False)
     except SearchError:
         return False
     return (isinstance(record, dict) and type(record.get("op_code")) is int

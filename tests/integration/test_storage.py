@@ -39,6 +39,23 @@ def test_an_existing_journal_is_appended_to(tmp_path: Path) -> None:
                                  ).trials) == 3
 
 
+def test_a_journal_holding_infinite_attributes_is_appended_to(tmp_path: Path) -> None:
+    """Optuna writes a non-finite attribute as JSON's Infinity (a search's SQNR of a
+    configuration identical to FP32): still one of its records, not a foreign line."""
+    path = tmp_path / "shared.journal"
+    study = optuna.create_study(study_name="s", storage=_storage(str(path), tmp_path / "run"))
+
+    def objective(trial: optuna.Trial) -> float:
+        trial.set_user_attr("sqnr", float("inf"))
+        return trial.suggest_float("x", 0, 1)
+
+    study.optimize(objective, n_trials=2)
+    assert b"Infinity" in path.read_bytes()
+    again = optuna.load_study(study_name="s", storage=_storage(str(path), tmp_path / "run"))
+    again.optimize(objective, n_trials=1)
+    assert [t.user_attrs["sqnr"] for t in again.trials] == [float("inf")] * 3
+
+
 @pytest.mark.parametrize("content", [b"my notes\nline two", b"{\"a\": 1}\n", b"\x00" * 64,
                                      b"#!/bin/sh\necho hi\n"])
 def test_a_file_that_is_not_a_journal_is_refused_untouched(content: bytes,
