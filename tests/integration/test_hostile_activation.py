@@ -55,7 +55,7 @@ def test_one_sample_over_the_budget_exits_2_naming_the_tensor(tmp_path: Path) ->
     assert lines[0] == (
         f"mpsearch: error: {model.name}: tensor 'up' takes 768 MB per sample (1536 MB with "
         "ONNX Runtime's working copies and the activations held for evaluation), more than "
-        "the 512 MB activations may use; raise MPSEARCH_ACTIVATION_MB (MB) if the machine "
+        "the 1024 MB activations may use; raise MPSEARCH_ACTIVATION_MB (MB) if the machine "
         "has the memory, or feed smaller inputs")
     assert peak < PEAK_LIMIT_KB, f"peak {peak} kB"
     assert _snapshot(tmp_path) == before and not out.parent.exists()
@@ -66,8 +66,8 @@ def test_batches_shrink_to_fit_the_budget(tmp_path: Path) -> None:
     out = tmp_path / "q.onnx"
     code, lines, peak = _run(_quantize(model, data, out, "-v"), tmp_path)
     assert code == 0, lines[-5:]
-    assert any("evaluation: batches of 13 (not 64): 39.3 MB of activations per sample fit "
-               "512 MB" in line for line in lines), lines
+    assert any("evaluation: batches of 26 (not 64): 39.3 MB of activations per sample fit "
+               "1024 MB" in line for line in lines), lines
     assert peak < PEAK_LIMIT_KB, f"peak {peak} kB"
     print(f"peak {peak} kB")
     assert out.is_file()

@@ -94,7 +94,7 @@ def test_input_without_shape_exits_2(tmp_path: Path) -> None:
 
 def test_profiles_check_unknown_op_lists_the_probes(tmp_path: Path) -> None:
     _fails(["profiles", "check", "ethos_u55", "--ops", "Conv,Nope"], tmp_path,
-           "ethos_u55: no probe for op type 'Nope'; pick from Add, AveragePool")
+           "ethos_u55: no probe for op type 'Nope'; pick from Abs, Add, AveragePool")
 
 
 def test_profiles_check_ops_named_3000_times_probe_once(tmp_path: Path) -> None:
