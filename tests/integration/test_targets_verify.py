@@ -117,7 +117,7 @@ def test_every_shown_point_rejected_exits_4_saying_why(tmp_path: Path) -> None:
     line = next(ln for ln in text.splitlines() if ln.startswith("toolchain:"))
     profile = tmp_path / "u55_bad.yaml"
     profile.write_text(text.replace(line, "toolchain: {name: vela, accelerator_config: "
-                                          "ethos-u55-7}"))
+                                          "ethos-u55-128, system_config: Nope}"))
     spec = _spec(tmp_path, str(profile), trials=3)
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "mpsearch", "-q", "search", str(spec),
@@ -129,7 +129,7 @@ def test_every_shown_point_rejected_exits_4_saying_why(tmp_path: Path) -> None:
     for point in shown:
         assert point["target_metric"] is None
         assert point["target_failure"].startswith("vela could not compile it: ")
-        assert "ethos-u55-7" in point["target_failure"]
+        assert "Nope" in point["target_failure"]
         assert f"point {point['index']} (target failed)" in done.stdout
     assert f"no verified point: all {len(shown)} shown point(s) failed verification on vela" \
         in done.stdout
