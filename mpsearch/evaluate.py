@@ -47,7 +47,7 @@ SHARE_WEIGHTS_ABOVE = 8 << 20
 ACTIVATION_ENV = "MPSEARCH_ACTIVATION_MB"
 #: Activation memory of one batch by default: ONNX Runtime's working tensors of the largest
 #: node, and for calibration every exposed activation (one sample of a document-layout model
-#: exposes about 930 MB: calibration cannot split a sample's tensors across passes yet).
+#: exposes nearly this much, and calibration cannot yet split a sample's tensors over passes).
 ACTIVATION_MB = 1024
 
 MetricFn = Callable[[np.ndarray, np.ndarray, "np.ndarray | None"], float]
