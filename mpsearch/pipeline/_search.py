@@ -30,7 +30,14 @@ from mpsearch.profiles import HardwareProfile, load_profile, measures_latency
 from mpsearch.progress import Reporter
 from mpsearch.recovery import RecoveryDecision
 from mpsearch.rundir import Front, RunDir, check_measurements
-from mpsearch.search import MEASURE_ABOVE, SearchResult, SearchSettings, check_resume, run_search
+from mpsearch.search import (
+    MEASURE_ABOVE,
+    SearchResult,
+    SearchSettings,
+    check_resume,
+    check_storage,
+    run_search,
+)
 from mpsearch.spec import SearchSpec
 from mpsearch.targets import TargetError, toolchain
 from mpsearch.targets._probes import ProbeResult, check_profile
@@ -61,10 +68,11 @@ def search_run(
     spec = with_objectives(spec)
     _check_latency_objective(spec)  # before any work: an unknown cost fails every trial
     run = _rundir(run_dir).create()
+    settings = _search_settings(spec)
+    check_storage(settings, run.journal)  # a foreign file fails now, not after calibration
     prepared = prepare(spec, run, progress=progress)
     search_data, held_data = _splits(prepared, spec)
     inputs = _search_inputs(prepared, spec, search_data)
-    settings = _search_settings(spec)
     check_resume(settings, run.journal, inputs, resume)  # before the run dir is rewritten
     check_measurements(run.measurements)
     verifier = _verifier(spec, prepared, run.path, held_data)

@@ -27,8 +27,8 @@ from mpsearch._io import JSON_MEMORY, parse_json
 from mpsearch.errors import SearchError
 from mpsearch.search._settings import SearchSettings
 
-__all__ = ["SAMPLERS", "check_inputs", "check_resume", "make_sampler", "open_study",
-           "settle_dead_trials", "study_progress"]
+__all__ = ["SAMPLERS", "check_inputs", "check_resume", "check_storage", "make_sampler",
+           "open_study", "settle_dead_trials", "study_progress"]
 
 logger = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -258,6 +258,17 @@ def open_study(
     return study
 
 
+def check_storage(settings: SearchSettings, journal: Path) -> None:
+    """SearchError unless the spec's journal storage (the run directory's ``journal``, or the
+    file ``storage:`` names) is a new file or an Optuna journal: cheap, so the composer checks
+    it before calibration rather than after. Database URLs are checked when opened."""
+    if settings.storage is None:
+        if journal.exists() or journal.is_symlink():
+            _check_journal(journal, own=True)
+    elif "://" not in settings.storage:
+        _journal_path(settings.storage, journal.parent)
+
+
 def _existing(settings: SearchSettings, journal: Path) -> optuna.Study | None:
     """The spec's study when it exists already (in the run directory or a shared storage)."""
     if settings.storage is None and not journal.is_file():
@@ -334,9 +345,10 @@ def settle_dead_trials(study: optuna.Study) -> int:
 
 def study_progress(
     journal: Path, study: str = "mpsearch"
-) -> tuple[list[tuple[float, float]], int]:
-    """(metric, size) of every complete trial and the number of finished (complete or pruned)
-    trials of a run's journal; ([], 0) while the study does not exist yet."""
+) -> tuple[list[tuple[float, float, str]], int]:
+    """(metric, size, formats) of every complete trial and the number of finished (complete or
+    pruned) trials of a run's journal; ([], 0) while the study does not exist yet. ``formats``
+    counts the trial's node formats in words ("a16w16 2, int16 19"; "" when not recorded)."""
     if not journal.is_file():
         return [], 0
     try:
@@ -350,5 +362,16 @@ def study_progress(
             finished += 1
         if trial.state == optuna.trial.TrialState.COMPLETE and trial.values:
             metric = trial.user_attrs.get("metric", trial.values[0])  # without the tie-break
-            points.append((float(metric), float(trial.values[1])))
+            points.append((float(metric), float(trial.values[1]),
+                           _formats_text(trial.user_attrs.get("assignment"))))
     return points, finished
+
+
+def _formats_text(assignment: object) -> str:
+    """A trial's recorded assignment (node -> format) as counts: "a16w16 2, int16 19"."""
+    if not isinstance(assignment, dict):
+        return ""
+    counts: dict[str, int] = {}
+    for fmt in assignment.values():
+        counts[str(fmt)] = counts.get(str(fmt), 0) + 1
+    return ", ".join(f"{fmt} {n}" for fmt, n in sorted(counts.items()))

@@ -181,3 +181,25 @@ def test_a_relative_storage_path_resolves_beside_the_spec(tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     assert load_spec(folder / "a.yaml").storage == str(folder.resolve() / "shared.journal")
     assert load_spec(folder / "b.yaml").storage == f"sqlite:///{folder.resolve() / 'study.db'}"
+
+
+def test_a_foreign_storage_file_fails_before_calibration(tmp_path: Path) -> None:
+    """The journal check is cheap: it runs before the first stage, so a spec naming the wrong
+    file fails at once instead of after calibration and recovery."""
+    from _paths import ROOT
+
+    from mpsearch.pipeline import search_run
+    from mpsearch.progress import Progress
+    from mpsearch.spec import load_spec
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    spec = load_spec(ROOT / "searches" / "demo.yaml").with_overrides(storage=str(notes))
+    stages: list[str] = []
+
+    def report(progress: Progress) -> None:
+        stages.append(progress.stage)
+
+    with pytest.raises(SearchError, match="not an Optuna journal"):
+        search_run(spec, tmp_path / "run", progress=report)
+    assert stages == [] and notes.read_text() == "mine"
