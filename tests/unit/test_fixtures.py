@@ -145,7 +145,9 @@ def _exact_accuracy(model: onnx.ModelProto, x: np.ndarray, y: np.ndarray) -> flo
 def test_demo_int8_loss_is_quantization_error_on_every_cpu() -> None:
     """Our own uniform INT8 of the demo (x86_ort: full-range int8 weights, per-tensor uint8
     activations) loses >= 5 points in NumPy fake quantization, which no CPU's integer kernels
-    enter; 16-bit activations on the residual stream alone win them back at INT8 size."""
+    enter. 16-bit activations on the residual stream do not win them back while the two layers
+    reading the outlier channel keep 8-bit weights; 16-bit weights there too do, at <= 1.25x
+    INT8's size."""
     from mpsearch import build_qdq, make_assignment, model_size, uniform_assignment
     from mpsearch.demo import DEMO_DATA, DEMO_MODEL
     from mpsearch.pipeline import prepare_inputs
@@ -165,9 +167,14 @@ def test_demo_int8_loss_is_quantization_error_on_every_cpu() -> None:
     quantized = {node for node, fmt in int8.items() if fmt == "int8"}
     stream = quantized - inner
     assert len(stream) == len(quantized) - 3
-    a16 = make_assignment(graph, profile, {**int8, **dict.fromkeys(stream, "int16")})
-    assert _exact_accuracy(build_qdq(graph, table, profile, a16), x, y) >= fp32 - 0.01
-    assert model_size(graph, profile, a16) <= 1.01 * model_size(graph, profile, int8)
+    a16 = {**int8, **dict.fromkeys(stream, "int16")}
+    a16w8 = make_assignment(graph, profile, a16)
+    assert _exact_accuracy(build_qdq(graph, table, profile, a16w8), x, y) <= fp32 - 0.05
+    assert model_size(graph, profile, a16w8) <= 1.01 * model_size(graph, profile, int8)
+    readers = {"/fc/Gemm", "/blocks/blocks.4/conv1/Conv"}  # build_demo.py's outlier weights
+    fixed = make_assignment(graph, profile, {**a16, **dict.fromkeys(readers, "a16w16")})
+    assert _exact_accuracy(build_qdq(graph, table, profile, fixed), x, y) >= fp32 - 0.01
+    assert model_size(graph, profile, fixed) <= 1.25 * model_size(graph, profile, int8)
 
 
 @pytest.mark.parametrize(
