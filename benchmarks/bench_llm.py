@@ -194,7 +194,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script
     phases["held-out scoring of the searched points"] = time.perf_counter() - start
     total = time.perf_counter() - wall
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    search_kl = {p.number: p.objective for p in result.points}
+    kl_of = {p.number: p.objective for p in result.points}
     picks = dict((label, p) for label, p in _picks(result.front, params))
 
     lines = [
@@ -232,7 +232,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script
         "|---|---|---|---|---|---|",
         _row("FP32", 32.0, None, fp32),
         *(_row(n, b, f[1], s) for (n, b, s), f in zip(base_rows, fixed, strict=True)),
-        *(_row(n, b, search_kl[picks[n].number], s) for n, b, s in ours),
+        *(_row(n, b, kl_of[picks[n].number], s) for n, b, s in ours),
         "",
         "### Done-when comparisons (held-out perplexity)",
         "",

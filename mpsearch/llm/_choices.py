@@ -123,7 +123,8 @@ class WeightBank:
 
     def quantize(self, key: str, choice: Choice, *, keep: bool = False) -> Quantized | None:
         """Weight ``key`` quantized as ``choice`` (None for a float format); ``keep`` stores it
-        for later calls."""
+        for later calls. With the input's Hessian known, ``hqq`` and ``kquant`` weigh each
+        input channel's error by its ``diag(H)`` (llama.cpp's importance matrix)."""
         if choice.method == "fp32":
             return None
         cached = self.kept.get((key, choice.label))
