@@ -35,7 +35,7 @@ from mpsearch.llm import (
 )
 from mpsearch.llm._baselines import baselines
 from mpsearch.llm._choices import Choice, WeightBank, input_hessians, searchable
-from mpsearch.llm._search import LLMPoint, search_bits, to_assignment
+from mpsearch.llm._search import BUDGETS, LLMPoint, search_bits, to_assignment
 from mpsearch.llm._sensitivity import default_menu, measure_sensitivity
 from mpsearch.testing import smollm
 
@@ -133,15 +133,15 @@ def main() -> None:  # noqa: PLR0915 - one linear script
                            load_tokenizer(model.tokenizer), length=args.length, seed=0,
                            max_windows=(args.calibration, args.search, args.heldout),
                            context=model.context)
-    scorer = Scorer(model, batch=4, reference_bytes=1 << 30)
     phases["build, tokenize"] = time.perf_counter() - wall
     _log(f"built in {phases['build, tokenize']:.0f} s; {windows.to_dict()}")
 
-    start = time.perf_counter()
+    start = time.perf_counter()  # before the scorer's session: the two never coexist
     hessians = input_hessians(model, windows.calibration, [w.name for w in searchable(model)])
+    scorer = Scorer(model, batch=4, reference_bytes=1 << 30)
     bank = WeightBank(model, scorer.fp32, hessians)
-    phases["calibration (Hessians)"] = time.perf_counter() - start
-    _log(f"calibration {phases['calibration (Hessians)']:.0f} s")
+    phases["calibration (Hessians), scorer"] = time.perf_counter() - start
+    _log(f"calibration {phases['calibration (Hessians), scorer']:.0f} s")
 
     start = time.perf_counter()
     menu = default_menu(bank, MENU, exact=EXACT, extra={"lm_head": ("w8b64s",)})
@@ -213,6 +213,28 @@ def main() -> None:  # noqa: PLR0915 - one linear script
         "the search. bpw: exact bytes of every projection and the lm_head as MatMulNBits "
         f"stores them (codes, float32 scales, zero points) x 8 / {params} weights; the tied "
         "embedding is the lm_head's table, counted once.",
+        "",
+        "**Baselines** (mpsearch/llm/_baselines.py): RTN and GPTQ in `w4b{32,128}a` "
+        "(ONNX Runtime's MatMulNBitsQuantizer defaults: asymmetric, uint8 zero points; GPTQ "
+        "damp 0.01, no act-order) and HQQ in `w4b{32,128}f` (float zero points, as ORT's HQQ "
+        "writes them), every projection and the lm_head. onnxruntime-genai's `k_quant_mixed`: "
+        "k-quant `w4b32s`, with q, k, v (the CPU builder packs them as qkv_proj) and down at "
+        "`w8b32s` on its layers and the lm_head at `w8b32s`. llama.cpp's Q4_K_M and Q3_K_M "
+        "rules (src/llama-quant.cpp) with ggml types mapped to the nearest format that does "
+        "not hold fewer bits: Q8_0, Q6_K, Q5_K -> `w8b32s`; Q4_K -> `w4b32a` (blocks of 32 "
+        "with a minimum); Q3_K, with no 3-bit format here, both ways: up to `w4b32a` and down "
+        "to `w2b32a`. llama.cpp itself would fall back from Q4_K to Q5_0 and from Q6_K to "
+        "Q8_0 on this model's 576-wide rows (not a multiple of 256); that fallback is not "
+        "applied. k-quant, HQQ and the searched formats weigh each input channel's error by "
+        "the calibration Hessian's diagonal (llama.cpp's importance matrix), which ORT's own "
+        "HQQ and k_quant do not: the baselines are if anything stronger than the tools'.",
+        "",
+        f"**Search space:** per weight, {', '.join(MENU)} by k-quant (a format that stores "
+        f"more bytes than a finer block of the same kind is dropped), {EXACT} by RTN, and "
+        "`w8b64s` for the lm_head (tied to the Q8_0 embedding). Seeds: each menu level "
+        "uniformly, then the least summed one-weight KL at each of "
+        f"{', '.join(f'{b:g}' for b in BUDGETS)} bpw (knapsack); then TPE proposals and "
+        "moves around the front.",
         "",
         "| run | value |", "|---|---|",
         f"| wall time, all | {total:.0f} s ({total / 60:.1f} min) |",

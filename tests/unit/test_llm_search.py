@@ -183,3 +183,45 @@ def test_search_beats_uniform_rtn_at_its_size(
     assert again.kl.mean == best.objective
     assert np.isclose(bank.total_bytes(to_assignment(menu, best.choices)),
                       best.size + lm_head)
+
+
+def test_search_choices_keeps_the_budget_and_the_fixed_points() -> None:
+    """The study over a callable score (no model): five dimensions of three choices; every
+    trial is repaired under ``max_size``, the fixed point sits in the study, the seeds run
+    first in order, and the front is exactly the non-dominated points."""
+    from mpsearch.pareto import dominated_flags
+    from mpsearch.search import Group, Seed
+    from mpsearch.search._llm import search_choices
+
+    groups = tuple(Group(name=f"g{i}", nodes=(f"g{i}",), formats=("lo", "mid", "hi"))
+                   for i in range(5))
+    nbytes = {"lo": 2.0, "mid": 4.0, "hi": 8.0}
+    weight = {f"g{i}": 1.0 + i for i in range(5)}
+    cost = {(g.name, f): weight[g.name] * {"lo": 1.0, "mid": 0.3, "hi": 0.0}[f]
+            for g in groups for f in g.formats}
+    seen: list[dict[str, str]] = []
+
+    def evaluate(choices: Any) -> float:
+        seen.append(dict(choices))
+        return sum(cost[(k, v)] for k, v in choices.items())
+
+    def size(choices: Any) -> float:
+        return sum(nbytes[v] for v in choices.values())
+
+    seeds = [Seed(source="all mid", formats={g.name: "mid" for g in groups}),
+             Seed(source="all hi", formats={g.name: "hi" for g in groups})]
+    result = search_choices(groups, evaluate, size, seeds=seeds, cost=cost, trials=12,
+                            fixed=[("baseline", 5.0, 25.0)], max_size=24.0)
+    assert seen[0] == {g.name: "mid" for g in groups}
+    # "all hi" (40 bytes) was repaired down by the cheapest steps: g0 first
+    assert seen[1]["g0"] != "hi" and size(seen[1]) <= 24.0
+    searched = [p for p in result.points if p.choices]
+    assert len(searched) == 14 and all(p.size <= 24.0 for p in searched)
+    for p in searched:
+        assert p.objective == sum(cost[(k, v)] for k, v in p.choices.items())
+    assert [p.source for p in result.points if not p.choices] == ["baseline"]
+    flags = dominated_flags([(p.objective, p.size, None) for p in result.points],
+                            higher_is_better=False)
+    front = {p.number for p, d in zip(result.points, flags, strict=True) if not d}
+    assert {p.number for p in result.front} == front
+    assert result.evaluations == len(seen) <= 14
