@@ -40,6 +40,7 @@ _EXPORTS = {
     "host_int8_isa": "profiles", "list_profiles": "profiles", "load_profile": "profiles",
     "validate_profile_file": "profiles", "x86_profile_for": "profiles",
     "Quantizer": "quantize", "build_qdq": "quantize",
+    "write_llm_report": "report",
     "write_report": "report",
     "study_progress": "search",
     "ModelSummary": "summary", "format_summary": "summary", "summarize": "summary",
@@ -108,6 +109,7 @@ __all__ = [
     "uniform_assignment",
     "validate_profile_file",
     "why_float",
+    "write_llm_report",
     "write_report",
     "x86_profile_for",
 ]

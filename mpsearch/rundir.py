@@ -28,6 +28,7 @@ from mpsearch.errors import SearchError
 from mpsearch.spec import SearchSpec
 
 __all__ = ["Baseline", "Front", "FrontPoint", "MeasurementCache", "RunDir", "atomic_write",
+           "read_llm_front",
            "check_measurements", "format_bytes", "latency_words", "load_json",
            "load_run_json", "read_json", "speed_at",
            "versus_fp32", "write_json"]
@@ -54,6 +55,20 @@ def load_run_json(path: Path, fix: str = "") -> Any:
     damage, FileNotFoundError when it is missing."""
     return load_json(path, SearchError, links=False,
                      fix=fix or "delete the file and rerun the stage that writes it")
+
+
+def read_llm_front(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """``front.json`` of a language-model run (``mpsearch llm search``); SearchError when it
+    is missing, damaged or another kind of run's."""
+    path = Path(run_dir) / "front.json"
+    if not path.is_file():
+        raise SearchError(f"{path}: no such file; run `mpsearch llm search` with --out "
+                          f"{run_dir} first")
+    front = load_run_json(path)
+    if not isinstance(front, dict) or front.get("kind") != "llm":
+        raise SearchError(f"{path}: not a language-model run; `mpsearch export` and "
+                          "`mpsearch report` read the other runs")
+    return front
 
 
 def _csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

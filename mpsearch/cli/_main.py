@@ -21,6 +21,7 @@ from typing import NoReturn
 from mpsearch import __version__
 from mpsearch.cli._analyze import add_analyze_parser
 from mpsearch.cli._calibrate import add_calibrate_parser
+from mpsearch.cli._llm import add_llm_parser
 from mpsearch.cli._output import Output
 from mpsearch.cli._pipeline import add_pipeline_parsers
 from mpsearch.cli._profiles import add_profiles_parser
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_analyze_parser(commands)
     add_report_parser(commands)
     add_serve_parser(commands)
+    add_llm_parser(commands)
     return parser
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,7 @@ import numpy as np
 
 from mpsearch.errors import DataError
 from mpsearch.llm._model import LanguageModel, initial_weights, with_weight_inputs
-from mpsearch.runtime import create_session
+from mpsearch.runtime import Session, create_session
 
 __all__ = ["Estimate", "LMScore", "Scorer", "estimate", "token_stats"]
 
@@ -136,6 +136,19 @@ class Scorer:
         """Score the candidate (``weights`` replacing those FP32 weights; None: FP32 itself)
         on ``windows`` [n, length] of token ids."""
         feeds = self._weights(weights)
+        return self._score(lambda rows: self._run(rows, feeds), windows, fp32=weights is None)
+
+    def score_session(self, session: Session, windows: np.ndarray) -> LMScore:
+        """Score another model with this one's inputs and vocabulary (an export of it, its
+        weights in other ops) against this scorer's FP32 weights on ``windows``."""
+        def run(rows: np.ndarray) -> np.ndarray:
+            self.passes += len(rows)
+            out = session.run(self.model.feeds(rows), [self.model.logits])[self.model.logits]
+            return np.asarray(out[:, :-1], np.float32)
+        return self._score(run, windows, fp32=False)
+
+    def _score(self, candidate: Callable[[np.ndarray], np.ndarray], windows: np.ndarray, *,
+               fp32: bool) -> LMScore:
         windows = self._check(windows)
         start = self.passes
         reference = self._reference(windows)
@@ -147,9 +160,9 @@ class Scorer:
                 ref_logits = self._run(rows, self.fp32)
                 ref_logp = log_softmax(ref_logits).astype(np.float16)
                 ref_top = ref_logits.argmax(axis=-1)
-                logits = ref_logits if weights is None else self._run(rows, feeds)
+                logits = ref_logits if fp32 else candidate(rows)
             else:
-                logits = self._run(rows, feeds)
+                logits = candidate(rows)
             stats = token_stats(logits, ref_logp, ref_top, rows[:, 1:])
             for values, out in zip(stats, (kl, nll, agree), strict=True):
                 out.append(values)

@@ -8,7 +8,8 @@ once (cached in the run directory); ``analyze_run``, ``search_run``, ``export_po
 know nothing of specs, run directories or each other.
 
 One module per command: ``_prepare`` (what every command shares), ``_analyze``, ``_search``
-and ``_export`` (a front point, one quantized model, calibrate, evaluate, dry run).
+and ``_export`` (a front point, one quantized model, calibrate, evaluate, dry run); ``_llm``
+composes the language-model path (its own spec, search and export).
 """
 
 from mpsearch._io import write_model
@@ -23,6 +24,13 @@ from mpsearch.pipeline._export import (
     export_point,
     quantize_one,
 )
+from mpsearch.pipeline._llm import (
+    LLMSpec,
+    llm_export,
+    llm_search_run,
+    load_llm_spec,
+    read_llm_front,
+)
 from mpsearch.pipeline._prepare import Prepared, prepare, prepare_inputs, search_split, split_data
 from mpsearch.pipeline._search import (
     SearchRun,
@@ -32,8 +40,9 @@ from mpsearch.pipeline._search import (
     with_objectives,
 )
 
-__all__ = ["REPORT_VIEW_NODES", "BuiltModel", "DryRun", "Prepared", "SearchRun",
+__all__ = ["REPORT_VIEW_NODES", "BuiltModel", "DryRun", "LLMSpec", "Prepared", "SearchRun",
            "analyze_prepared", "analyze_run", "calibrate_model", "check_profile_claims",
-           "dry_run", "evaluate_model", "export_point", "prepare", "prepare_inputs",
-           "quantize_one", "search_run", "search_split", "split_data", "toolchain_missing",
-           "with_objectives", "write_analysis", "write_model"]
+           "dry_run", "evaluate_model", "export_point", "llm_export", "llm_search_run",
+           "load_llm_spec", "prepare", "prepare_inputs", "quantize_one", "read_llm_front",
+           "search_run", "search_split", "split_data", "toolchain_missing", "with_objectives",
+           "write_analysis", "write_model"]

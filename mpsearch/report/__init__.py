@@ -11,6 +11,7 @@ from mpsearch.report._figures import (
     figure_reverse,
     figure_sensitivity,
 )
+from mpsearch.report._llm import write_llm_report
 from mpsearch.report._page import (
     CLASS_COLORS,
     MAX_BINS,
@@ -55,5 +56,6 @@ __all__ = [
     "render_report",
     "rounded",
     "size_unit",
+    "write_llm_report",
     "write_report",
 ]

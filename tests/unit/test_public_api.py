@@ -20,7 +20,8 @@ FUNCTIONS = {
     "host_int8_isa", "latency_unknown_reason", "list_profiles", "load_assignment",
     "load_data", "load_model", "load_profile", "load_table", "make_assignment", "model_size",
     "study_progress",
-    "summarize", "uniform_assignment", "validate_profile_file", "why_float", "write_report",
+    "summarize", "uniform_assignment", "validate_profile_file", "why_float",
+    "write_llm_report", "write_report",
     "x86_profile_for",
 }
 CONSTANTS = {"AUTO_X86_PROFILE", "IMAGE_SUFFIXES", "METRICS", "__version__"}
