@@ -15,20 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mpsearch.rundir import speed_at
+from mpsearch.rundir import latency_words
 
 __all__ = ["Latency", "baselines", "chart_data", "export_index", "is_shown", "latency",
-           "ratio_text", "recommendation", "recommended_index", "speed_words", "stored_words"]
+           "recommendation", "recommended_index", "words"]
 
 Latency = tuple[float | None, tuple[float, float] | None]
 """A latency in ms and its spread ([low, high] ms), each None when unknown."""
-
-#: the key of a point's latency wording in ``front.json``, as the search writes it (the same
-#: words as the CLI and the report); the page shows it as written
-WORDING_KEY = "latency_words"
-
-#: relative latency differences below this read "about as fast as FP32" (timing noise)
-_SAME = 0.05
 
 #: baseline key in ``front.json`` -> the label the page gives it
 _LABELS = {"fp32": "FP32", "int8": "uniform INT8", "int16": "uniform INT16",
@@ -105,31 +98,12 @@ def latency(entry: Mapping[str, Any], batch: bool = False) -> Latency:
     return _ms(entry, key), interval
 
 
-def speed_words(value: Latency, fp32: Latency) -> str | None:
-    """``value`` against FP32's at one batch in the one wording of the CLI and the report
-    (:func:`mpsearch.rundir.speed_at`): "1.18x slower than FP32 [1.05-1.32]", or "as fast as
-    FP32 (within the spread)" when the two spreads overlap; None if unknown."""
-    (ms, spread), (ref, ref_spread) = value, fp32
-    return speed_at(ms, spread, ref, ref_spread)
-
-
-def stored_words(entry: Mapping[str, Any]) -> str | None:
-    """The latency wording the run wrote for ``entry`` (None in files without one: the page
-    then words it with :func:`speed_words`)."""
-    text = entry.get(WORDING_KEY)
-    return text.strip() if isinstance(text, str) and text.strip() else None
-
-
-def ratio_text(ratio: float | None, source: str | None) -> str | None:
-    """A relative latency (1.0 = FP32) in words, for fronts without milliseconds."""
-    if ratio is None or ratio <= 0:
-        return None
-    how = " (profile estimate)" if source == "estimated" else ""
-    if abs(ratio - 1.0) < _SAME:
-        return f"about as fast as FP32{how}"
-    if ratio < 1:
-        return f"{1 / ratio:.2f}× faster than FP32{how}"
-    return f"{ratio:.2f}× slower than FP32{how}"
+def words(entry: Mapping[str, Any], front: Mapping[str, Any]) -> str | None:
+    """``entry``'s latency against FP32 at batch 1 and the spec's batch, in the words the CLI
+    and the report print for it (:func:`mpsearch.rundir.latency_words`); None when unknown."""
+    text = latency_words(entry, front.get("fp32") or {}, batch=front.get("latency_batch"),
+                         source=front.get("latency_source"))
+    return None if text == "unknown" else text
 
 
 def baselines(front: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
@@ -167,11 +141,10 @@ def recommendation(front: Mapping[str, Any]) -> str | None:
     if fp32.get("size"):
         parts[0] += f" ({float(fp32['size']) / float(point['size']):.2f}× smaller than FP32)"
     ms, _ = latency(point)
-    words = speed_words(latency(point), latency(fp32)) or ratio_text(
-        point.get("latency"), front.get("latency_source"))
-    if ms is not None or words:
+    said = words(point, front)
+    if ms is not None or said:
         parts.append(", ".join(x for x in ((_ms_text(ms) if ms is not None else None),
-                                            words) if x))
+                                            said) if x))
     metric = f"{front.get('metric', 'metric')} {float(point['metric']):.4f}"
     if "metric" in fp32:
         metric += f" ({float(point['metric']) - float(fp32['metric']):+.4f} against FP32)"
@@ -180,7 +153,7 @@ def recommendation(front: Mapping[str, Any]) -> str | None:
             "shown point with the best held-out metric): " + "; ".join(parts))
 
 
-def _hover(label: str, entry: Mapping[str, Any], metric: str, fp32: Mapping[str, Any]
+def _hover(label: str, entry: Mapping[str, Any], metric: str, front: Mapping[str, Any]
            ) -> str:
     lines = [label, f"{metric} {float(entry['metric']):.4f} (held-out)",
              f"weights {_kb(float(entry['size']))}"]
@@ -190,10 +163,8 @@ def _hover(label: str, entry: Mapping[str, Any], metric: str, fp32: Mapping[str,
             text = f"{name}: {_ms_text(ms)}"
             if spread is not None:
                 text += f" [{spread[0]:.3g}–{spread[1]:.3g}]"
-            stored = stored_words(entry) if entry is not fp32 else None
-            words = (None if batch else stored) if stored else speed_words(
-                (ms, spread), latency(fp32, batch))
-            lines.append(text + (f", {words}" if words else ""))
+            said = None if batch or entry is front.get("fp32") else words(entry, front)
+            lines.append(text + (f", {said}" if said else ""))
     return "<br>".join(lines)
 
 
@@ -221,7 +192,6 @@ def chart_data(front: Mapping[str, Any] | None, partial: Mapping[str, Any] | Non
     hover text; ``index`` ties a chart point to its table row."""
     if front is not None and _points(front):
         metric = str(front.get("metric", "metric"))
-        fp32 = front.get("fp32") or {}
         batch = front.get("latency_batch")
         batch_name = f"batch {batch}" if batch else "batch N"
         bases = baselines(front)
@@ -237,7 +207,7 @@ def chart_data(front: Mapping[str, Any] | None, partial: Mapping[str, Any] | Non
                      + ("" if is_shown(p) else f" (hidden: beaten by {by})"))
             points.append({"index": k, "metric": float(p["metric"]), "size": int(p["size"]),
                            "ms": latency(p)[0], "shown": is_shown(p),
-                           "hover": _hover(label, p, metric, fp32).replace("batch N",
+                           "hover": _hover(label, p, metric, front).replace("batch N",
                                                                            batch_name)})
         marks = []
         for _, label, b in bases:  # a baseline on a shown point names it and selects it
@@ -245,7 +215,7 @@ def chart_data(front: Mapping[str, Any] | None, partial: Mapping[str, Any] | Non
             name = label + ("" if twin_of is None else f" = point {twin_of}")
             marks.append({"label": label, "metric": float(b["metric"]), "size": int(b["size"]),
                           "ms": latency(b)[0], "index": twin_of,
-                          "hover": _hover(name, b, metric, fp32).replace("batch N",
+                          "hover": _hover(name, b, metric, front).replace("batch N",
                                                                          batch_name)})
         _also_here(points, marks)
         selected, _ = recommended_index(front)

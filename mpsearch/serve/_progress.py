@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from mpsearch.pareto import nondominated
+from mpsearch.pareto import SIZE_TIE, nondominated
 from mpsearch.progress import read_last
 from mpsearch.rundir import RunDir
 
@@ -42,6 +42,9 @@ _PHASES = {"calibrate": "loading and calibration", "recovery": "loading and cali
            "held-out": "held-out re-measure"}
 
 _MAX_POINTS = 2_000
+
+#: A complete trial: (metric on the search split, weight bytes, its formats in words).
+TrialPoint = tuple[float, float, str]
 _STAGES = {
     "calibrate": "calibrating activation ranges on the calibration samples",
     "recovery": "deciding the accuracy recovery (CLE, SmoothQuant, GPTQ, bias correction) on "
@@ -66,28 +69,38 @@ def stage_message(stage: str | None) -> str:
     return _STAGES.get(stage, stage)
 
 
-def read_journal(path: Path) -> tuple[list[tuple[float, float]], int]:
-    """(metric, size) of every complete trial and the count of finished trials of a run's
-    Optuna journal (the latest ``_MAX_POINTS`` points); ([], 0) when it is missing."""
+def read_journal(path: Path) -> tuple[list[TrialPoint], int]:
+    """(metric, size, formats) of every complete trial and the count of finished trials of a
+    run's Optuna journal (the latest ``_MAX_POINTS`` points); ([], 0) when it is missing."""
     from mpsearch import study_progress
 
     points, finished = study_progress(path)
     return points[-_MAX_POINTS:], finished
 
 
-def pareto(points: Sequence[tuple[float, float]], higher: bool) -> list[tuple[float, float]]:
-    """Non-dominated (metric, size) points by :mod:`mpsearch.pareto`'s rule (sizes within
-    0.1 % tie), one per distinct point, sorted by size."""
+def pareto(points: Sequence[TrialPoint], higher: bool) -> list[TrialPoint]:
+    """Non-dominated (metric, size, formats) points by :mod:`mpsearch.pareto`'s rule, sorted
+    by size, ties collapsed: of points with one metric and sizes within the 0.1 % tie, the
+    smallest (the first found among equal ones) stands for the rest."""
     sign = 1.0 if higher else -1.0
-    unique = sorted(set(points), key=lambda p: (p[1], -sign * p[0]))
-    kept = nondominated([(m, s, None) for m, s in unique], higher_is_better=higher)
-    return [unique[i] for i in kept]
+    first: dict[tuple[float, float], TrialPoint] = {}
+    for point in points:
+        first.setdefault((point[0], point[1]), point)
+    unique = sorted(first.values(), key=lambda p: (p[1], -sign * p[0]))
+    kept = [unique[i] for i in nondominated([(p[0], p[1], None) for p in unique],
+                                            higher_is_better=higher)]
+    out: list[TrialPoint] = []
+    for point in kept:
+        if out and out[-1][0] == point[0] and point[1] <= out[-1][1] * (1 + SIZE_TIE):
+            continue
+        out.append(point)
+    return out
 
 
-def since_change(points: Sequence[tuple[float, float]], higher: bool) -> int:
+def since_change(points: Sequence[TrialPoint], higher: bool) -> int:
     """Complete trials (in order) since the last one that changed the (metric, size) front."""
     last = -1
-    front: list[tuple[float, float]] = []
+    front: list[TrialPoint] = []
     for i, point in enumerate(points):
         grown = pareto([*front, point], higher)
         if grown != front:

@@ -21,11 +21,9 @@ from mpsearch.serve._frontview import (
     baselines,
     is_shown,
     latency,
-    ratio_text,
     recommendation,
     recommended_index,
-    speed_words,
-    stored_words,
+    words,
 )
 from mpsearch.serve._pages import bytes_text, e
 from mpsearch.serve._targetview import target_section
@@ -43,29 +41,25 @@ def _file(size: int | None) -> str:
 def _latency_cell(entry: Mapping[str, Any], fp32: Mapping[str, Any], front: Mapping[str, Any],
                   batch: bool) -> str:
     ms, spread = latency(entry, batch)
-    stored = stored_words(entry)
+    said: str | None
     if entry is fp32:
-        words: str | None = "the reference" if ms is not None else None
-    elif stored is not None:  # the run's own wording (both batches), never derived again
-        words = None if batch else stored
-    else:
-        words = speed_words((ms, spread), latency(fp32, batch))
-        if ms is None and not batch:
-            words = ratio_text(entry.get("latency"), front.get("latency_source"))
+        said = "the reference" if ms is not None else None
+    else:  # the CLI's and the report's words for both batches, in the batch-1 cell
+        said = None if batch else words(entry, front)
     if ms is None:
         value = ""
     else:
         value = f"{ms:.3g} ms" + (f' <span class="spread">[{spread[0]:.3g}–{spread[1]:.3g}]'
                                    "</span>" if spread is not None else "")
-    if not value and not words:
+    if not value and not said:
         return '<td class="latency muted">-</td>'
     tag = ""
-    if words and "faster" in words:
+    if said and "faster" in said:
         tag = " faster"
-    elif words and "slower" in words:
+    elif said and "slower" in said:
         tag = " slower"
     return (f'<td class="latency{tag}">{value}'
-            + (f'<small class="words">{e(words)}</small>' if words else "") + "</td>")
+            + (f'<small class="words">{e(said)}</small>' if said else "") + "</td>")
 
 
 def _counts(p: Mapping[str, Any]) -> str:
@@ -181,7 +175,7 @@ def front_section(job: Any, front: Mapping[str, Any], *, trials_done: int,
 def partial_section(job: Any, progress: Mapping[str, Any]) -> str:
     """What a stopped search found before it stopped (its journal's trials, search split)."""
     done = int(progress.get("trials_done") or 0)
-    front: Sequence[Sequence[float]] = progress.get("front") or ()
+    front: Sequence[Sequence[Any]] = progress.get("front") or ()
     total = f" of {job.trials}" if job.trials else ""
     head = (f'<p id="partial-summary">{done}{total} trials finished before the job stopped; '
             f"{len(front)} point(s) on the front so far. Resume continues the same study "
@@ -191,11 +185,12 @@ def partial_section(job: Any, progress: Mapping[str, Any]) -> str:
         return head
     finish = (f'<form method="post" action="/jobs/{job.id}/finish"><button type="submit" '
               f'id="finish">Finish with these {done} trials</button></form>')
-    rows = "".join(f"<tr><td>{k}</td><td>{m:.4f}</td><td>{e(bytes_text(s))}</td></tr>"
-                   for k, (m, s) in enumerate(front))
+    rows = "".join(f"<tr><td>{k}</td><td>{p[0]:.4f}</td><td>{e(bytes_text(p[1]))}</td>"
+                   f"<td>{e(p[2] if len(p) > 2 else '')}</td></tr>" for k, p in enumerate(front))
     return (head + finish
             + '<p class="muted">The metric here is measured on the <b>search split</b>: '
             "the held-out check and the exports come when the search finishes.</p>"
             '<div id="results-chart" class="chart"></div><table id="partial-front"><thead><tr>'
-            "<th>#</th><th>metric (search split)</th><th>weights</th></tr></thead>"
+            "<th>#</th><th>metric (search split)</th><th>weights</th><th>formats (nodes)</th>"
+            "</tr></thead>"
             f"<tbody>{rows}</tbody></table>")

@@ -5,8 +5,10 @@ report, spec, export) and the CLI entry point."""
 from __future__ import annotations
 
 import argparse
+import html
 import io
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +27,7 @@ from _paths import HOSTILE
 from starlette.testclient import TestClient
 
 from mpsearch.progress import JsonlProgress, Progress
+from mpsearch.rundir import latency_words
 from mpsearch.serve import ServeConfig, create_app
 from mpsearch.serve._access import Access
 from mpsearch.serve._pages import bytes_text
@@ -525,6 +528,10 @@ def test_queue_cancel_resume(tmp_path: Path, tiny: tuple[Path, Path]) -> None:
         assert (f'<p id="partial-summary">{finished} of 500 trials finished before the job '
                 f"stopped; {len(pareto(points, True))} point(s) on the front so far.") in page
         assert "metric (search split)" in page and 'id="partial-front"' in page
+        assert "<th>formats (nodes)</th>" in page
+        rows = page.split('id="partial-front"')[1].split("</tbody>")[0].split("<tr>")[2:]
+        assert rows and all(re.search(r"<td>[a-z0-9]+ [0-9]+(, [a-z0-9]+ [0-9]+)*</td></tr>", r)
+                            for r in rows), rows
         chart = json.loads(page.split('id="page-data">')[1].split("</script>")[0])["chart"]
         assert chart["front"] == [list(p) for p in pareto(points, True)]
         assert chart["y"] == "metric (search split)"
@@ -680,8 +687,7 @@ def _check_front_fields(client: TestClient, job: str, path: Path) -> None:
     last = len(points) - 1
     for p in points:  # the real search's own flags replaced: only point 0 is hidden here
         p.update(shown=True, beaten_by=None)
-    points[0].update(shown=False, beaten_by="uniform int8",
-                     latency_words="1.50x faster than FP32 (as the search words it)")
+    points[0].update(shown=False, beaten_by="uniform int8")
     for p in points:
         p["latency_ms_interval"] = [p["latency_ms"] * 0.9, p["latency_ms"] * 1.1]
     fp32_ms = front["fp32"]["latency_ms"]
@@ -723,13 +729,16 @@ def _check_front_fields(client: TestClient, job: str, path: Path) -> None:
     hidden = page.split('<table id="hidden">')[1].split("</table>")[0]
     assert 'id="row-0"' not in table and 'id="row-0"' in hidden
     assert '<td class="beaten-by">uniform int8</td>' in hidden
-    # a point's latency wording as the run wrote it, not derived again
-    assert '<small class="words">1.50x faster than FP32 (as the search words it)</small>' \
-        in hidden
+    # a point's latency in the CLI's and the report's words (one function), both batches
+    def words(entry: dict[str, Any]) -> str:
+        return latency_words(entry, front["fp32"], batch=front.get("latency_batch"),
+                             source=front.get("latency_source"))
+    assert f'<small class="words">{html.escape(words(points[0]))}</small>' in hidden
     row = table.split(f'id="row-{last}"')[1].split("</tr>")[0]
     low, high = fp32_ms * 0.97, fp32_ms * 1.08
     assert (f'{fp32_ms * 1.02:.3g} ms <span class="spread">[{low:.3g}–{high:.3g}]</span>'
-            '<small class="words">as fast as FP32 (within the spread)</small>') in row
+            f'<small class="words">{html.escape(words(points[last]))}</small>') in row
+    assert words(points[last]).startswith("as fast as FP32 (within the spread) at batch 1")
     chart = json.loads(page.split('id="page-data">')[1].split("</script>")[0])["chart"]
     assert chart["selected"] == last
     assert [p["index"] for p in chart["points"] if not p["shown"]] == [0]
@@ -764,7 +773,12 @@ def test_progress_is_read_as_data(tmp_path: Path) -> None:
             study.tell(trial, values)
     study.ask()  # a running trial is not finished
     points, finished = read_journal(journal)
-    assert finished == 4 and pareto(points, higher=True) == [(0.8, 50.0), (0.9, 100.0)]
+    assert finished == 4 and pareto(points, higher=True) == [(0.8, 50.0, ""), (0.9, 100.0, "")]
+    # one metric at sizes within the 0.1 % tie is one row, the smallest, with its formats
+    tied = [(0.9876, 43_180.0, "int16 21"), (0.9876, 43_150.0, "a16w16 1, int16 20"),
+            (0.9876, 43_170.0, "int16 20, int8 1"), (0.9, 40_000.0, "int8 21")]
+    assert pareto(tied, higher=True) == [(0.9, 40_000.0, "int8 21"),
+                                         (0.9876, 43_150.0, "a16w16 1, int16 20")]
 
 
 def test_overall_progress_is_an_honest_estimate() -> None:

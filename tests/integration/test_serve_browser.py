@@ -326,6 +326,20 @@ def test_newcomer_path_demo_to_exported_model(server: str, tmp_path: Path, chrom
     for k in shown:  # each in ms with its words against FP32
         cell = page.text_content(f"#row-{k} td.latency") or ""
         assert " ms" in cell and "FP32" in cell, cell
+    # the recommended point's latency in the one wording: the CLI's (front.json's
+    # recommendation line), the web page's and the report's alike
+    recommended = RunDir(run_dir).read_front()
+    if recommended.recommended is not None:
+        point = next(q for q in recommended.points if q.index == recommended.recommended)
+        said = recommended.latency_words(point)
+        assert f"; latency {said}" in front["recommendation"]
+        assert page.text_content(f"#row-{point.index} td.latency small.words") == said
+        report = chromium.new_page()
+        report.goto(f"{job_url}/report")
+        cells = report.locator(f"xpath=//tr[td[1]='{point.index}' and "
+                               "td[2][contains(., '.')]]/td").all_text_contents()
+        assert said in cells, cells
+        report.close()
 
     # the recommended point is preselected
     selected = _expected_selection(front)
