@@ -271,9 +271,11 @@ def test_unknown_settings_and_toolchains_are_refused(tmp_path: Path) -> None:
 
 
 def _demo_spec(tmp_path: Path, verify: str, trials: int = 4, extra: str = "") -> Path:
+    """The demo without its outlier weights (tests/fixtures/build_demo.py), whose front the
+    HTP's fixed-point kernels compute as ONNX Runtime does."""
     spec = tmp_path / "demo_qnn.yaml"
     spec.write_text(
-        f"model: {DEMO_MODEL}\nprofile: qnn_htp\n"
+        f"model: {FIXTURES / 'demo_stream.onnx'}\nprofile: qnn_htp\n"
         f"data: {{source: {DEMO_DATA}, calibration: 128, held_out: 0.5, seed: 0}}\n"
         "metric: accuracy\nobjectives: [metric, size]\nbudget: {trials: " + str(trials) + "}\n"
         f"analysis: false\nseed: 0\nverify: {verify}\n{extra}")

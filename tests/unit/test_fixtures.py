@@ -103,6 +103,23 @@ def test_demo_files_load() -> None:
     assert abs(_correct(DEMO_MODEL, x, y) - round(record["fp32_accuracy"] * len(y))) <= 1
 
 
+def test_the_stream_only_demo_is_the_demo_without_outlier_weights() -> None:
+    """tests/fixtures/demo_stream.onnx, the toolchain tests' model: as recorded, and FP32
+    computes what the demo computes."""
+    from mpsearch.demo import DEMO_DATA, DEMO_MODEL
+
+    record = MANIFEST["demo"]["stream_only"]
+    path = FIXTURES / "demo_stream.onnx"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == record["sha256"]
+    assert record["fp32_accuracy"] == MANIFEST["demo"]["fp32_accuracy"]
+    with np.load(DEMO_DATA) as data:
+        x = data["input"][:64]
+    (ours,) = ort.InferenceSession(str(path)).run(["logits"], {"input": x})
+    (demo,) = ort.InferenceSession(str(DEMO_MODEL)).run(["logits"], {"input": x})
+    np.testing.assert_allclose(ours, demo, rtol=0, atol=2e-2)
+    assert (ours.argmax(1) == demo.argmax(1)).all()
+
+
 def test_demo_loses_int8_accuracy_by_construction() -> None:
     """Recorded by build_demo.py with ORT's own quantizer run as exact fake quantization: the
     outliers cost >= 5 points, the base model loses nothing."""
