@@ -84,6 +84,7 @@ def search_run(
                             inputs=inputs, progress=progress,
                             refusal=verifier.refusal if verifier is not None
                             and spec.verify == "toolchain" else None)
+        measurer.release()  # its kept tensors and last session; its results stay cached
         with _spec_measuring(prepared, spec, held_data, run, "held-out") as held:
             front = held_out_front(prepared.summary, spec, result, held, measurer,
                                    progress)
