@@ -121,6 +121,7 @@ def prepare_inputs(
     for node in graph.nodes.values():  # fail early when the target cannot run an op at all
         hw.formats_for_node(node)
     calib, valid = split_data(dataset, calibration_samples, seed)
+    del dataset  # the splits are copies: the whole set would double the data's memory
     options: dict[str, Any] = dict(batch_size=batch_size, threads=threads, progress=progress)
 
     settings = RecoverySettings(cle=cle, bias_correction=bias_correction, gptq=gptq,
