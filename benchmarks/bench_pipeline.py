@@ -22,8 +22,9 @@ calibrate, half the rest held out, the model's own metric. Goal: <= 40 FP32 pass
 ~50-node model, <= 100 for models of 100-400 quantizable nodes.
 
 Also printed per model: the held-out front's best agreement at <= 1.00x, 1.15x and 1.25x the
-uniform INT8 size, and each front point's measured latency (median ORT runs at
-batch 1 and at the evaluation batch, where this host runs the profile's target) beside the profile's estimate.
+uniform INT8 size, and each front point's measured latency (median ORT runs at batch 1 and
+at the evaluation batch, where this host runs the profile's target) beside the profile's
+estimate.
 The default spec has ``recovery: auto`` (each method decided per model on the search split);
 the ``recovery`` column names what it chose and its cost in passes (the candidates' scoring;
 their calibrations count under ``calibrate``). ``--recovery [NAME ...]`` also runs each search
