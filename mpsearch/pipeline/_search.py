@@ -63,6 +63,7 @@ def search_run(
     run = _rundir(run_dir).create()
     prepared = prepare(spec, run, progress=progress)
     search_data, held_data = _splits(prepared, spec)
+    prepared = prepared.without_samples()  # the splits above are all the search reads
     inputs = _search_inputs(prepared, spec, search_data)
     settings = _search_settings(spec)
     check_resume(settings, run.journal, inputs, resume)  # before the run dir is rewritten
