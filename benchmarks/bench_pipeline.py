@@ -366,6 +366,23 @@ def _spec(name: str, paths: dict[str, Path], photos: Path, args: argparse.Namesp
     return spec, samples
 
 
+#: Where ``benchmarks/real_models.py`` writes the ImageNet models and the photos.
+MODELS = Path(__file__).resolve().parent / "_models"
+
+
+def _real_models() -> dict[str, Path]:
+    """The ImageNet models' and the photos' paths, built by ``real_models.py`` only when one
+    is missing: it imports torch, whose memory the searches' peak RSS would count."""
+    out = {"mobilenetv2_imagenet": MODELS / "mobilenetv2_imagenet.onnx",
+           "efficientnet_lite0": MODELS / "efficientnet_lite0.onnx",
+           "photos": MODELS / "photos.npz"}
+    if all(path.exists() for path in out.values()):
+        return out
+    from benchmarks import real_models
+
+    return real_models.ensure_real_models()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["mobilenetv2_imagenet"],
@@ -380,9 +397,7 @@ def main() -> None:
                         help="print only; do not write benchmarks/results/bench_pipeline.md")
     args = parser.parse_args()
     command = command_line()
-    from benchmarks import real_models
-
-    paths = real_models.ensure_real_models()
+    paths = _real_models()
     data = Path(paths["photos"])
     with tempfile.TemporaryDirectory() as tmp:  # the first --samples photos, as the search sees
         subset = Path(tmp) / "photos.npz"
