@@ -409,7 +409,8 @@ def main() -> None:
             rows.append(bench(name, spec, samples))
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             timing = rows[-1].front.timing
-            notes.append(f"- {name}: peak RSS {rss:.0f} MB (the process's, after this model); "
+            notes.append(f"- {name}: peak RSS {rss:.0f} MB (the process's, after this "
+                         "model, with the FP32 reference passes over every sample); "
                          "the trials' time: " + ", ".join(
                              f"{k} {v:.0f} s" for k, v in timing.items())
                          + (f"; {rows[-1].front.stopped}" if rows[-1].front.stopped else ""))
