@@ -1,14 +1,16 @@
 """Calibration, side by side with ``onnxruntime.quantization``'s calibrators, in one run.
 
 For N in --samples (default 128 and 512) it measures, each job in a fresh subprocess so peak RSS
-(``ru_maxrss``) is the job's own:
+is the job's own (``VmHWM``; not ``ru_maxrss``, which Linux carries from the parent into a child
+across exec):
 
 * ``fp32``: a plain FP32 inference pass over the N samples (ORT, all graph optimizations);
 * ``mpsearch``: :func:`mpsearch.calibration.calibrate` (the one streaming pass) and then the
   ranges of every tensor for each method (minmax, percentile, entropy, mse);
-* ``cli``: ``mpsearch calibrate MODEL --data DATA --out DIR`` with default flags (the batch
-  chosen from the activation memory budget), as a user runs it: its wall time includes the
-  process start, imports and model load; its peak RSS is the command's own;
+* ``cli``: ``mpsearch calibrate MODEL --data DATA --out DIR --method METHOD`` with default
+  flags otherwise (the batch chosen from the activation memory budget; ``--method``, default
+  entropy), as a user runs it: its wall time includes the process start, imports and model
+  load; its peak RSS is the command's own;
 * ``ort-minmax``, ``ort-percentile``, ``ort-entropy``: ``create_calibrator`` with ONNX Runtime's
   defaults (Percentile: 2048 bins, 99.999 %, symmetric; Entropy: 128 bins, 128 quantized bins).
   ORT's histogram calibrators keep every activation of every batch in memory, so at large N
@@ -25,7 +27,8 @@ Model: ``resnet18()`` / ``mobilenetv2()`` of :mod:`mpsearch.testing.architecture
 smooth random images.
 
 Run: ``python -m benchmarks.bench_calibration --model resnet18`` (add ``--quick`` for a smoke
-run with small N; ``--jobs fp32 cli --samples 512`` for the default-flags memory row alone).
+run with small N; ``--jobs fp32 cli --samples 256`` for the command's memory row alone;
+``--write`` also writes the table to ``benchmarks/results/bench_calibration.md``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from benchmarks._results import publish
 from mpsearch.testing import architectures
 
 ROOT = Path(__file__).resolve().parent
@@ -82,7 +86,31 @@ def build_data(n: int, seed: int = 0) -> tuple[np.ndarray, str]:
 
 # ------------------------------------------------------------------ worker jobs
 def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    """This process's own peak RSS (MB): ``VmHWM``, else ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration, ValueError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+#: Runs the CLI (arguments after the first) and, at exit, writes its own peak RSS (VmHWM, kB)
+#: to the file named first.
+_PEAK_WRAPPER = """
+import atexit, sys
+peak_file = sys.argv[1]
+sys.argv = ["mpsearch", *sys.argv[2:]]
+
+def _peak():
+    with open("/proc/self/status") as f:
+        hwm = next(line for line in f if line.startswith("VmHWM:"))
+    with open(peak_file, "w") as f:
+        f.write(hwm.split()[1])
+
+atexit.register(_peak)
+from mpsearch.cli import main
+sys.exit(main())
+"""
 
 
 def _batches(x: np.ndarray, size: int) -> list[dict[str, np.ndarray]]:
@@ -142,15 +170,18 @@ def job_mpsearch(model: str, x: np.ndarray, batch: int, threads: int,
             "tensors": len(table.tensors)}
 
 
-def job_cli(model: str, data: str) -> dict[str, Any]:
-    """``mpsearch calibrate`` with default flags in its own process; its peak RSS."""
+def job_cli(model: str, data: str, method: str) -> dict[str, Any]:
+    """``mpsearch calibrate --method METHOD`` with default flags otherwise, in its own
+    process; its own peak RSS."""
     with tempfile.TemporaryDirectory() as out:
+        peak = Path(out) / "peak"
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "mpsearch", "calibrate", model, "--data", data,
-                        "--out", out], check=True, capture_output=True)
+        subprocess.run([sys.executable, "-c", _PEAK_WRAPPER, str(peak), "calibrate", model,
+                        "--data", data, "--out", str(Path(out) / "table"), "--method", method],
+                       check=True, capture_output=True)
         seconds = time.perf_counter() - start
-    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
-    return {"seconds": seconds, "command_rss_mb": child}
+        child = int(peak.read_text()) / 1024.0
+    return {"seconds": seconds, "command_rss_mb": child, "method": method}
 
 
 def job_ort(model: str, x: np.ndarray, batch: int, method: str) -> dict[str, Any]:
@@ -189,7 +220,7 @@ def worker(args: argparse.Namespace) -> None:
     base = _rss_mb()
     with contextlib.redirect_stdout(io.StringIO()):  # ORT's calibrators print
         if args.worker == "cli":
-            result = job_cli(args.model_path, args.data)
+            result = job_cli(args.model_path, args.data, args.method)
         elif args.worker == "fp32":
             result = job_fp32(args.model_path, x, args.batch_size, args.threads)
         elif args.worker == "exposed":
@@ -207,7 +238,8 @@ def worker(args: argparse.Namespace) -> None:
 
 def run_job(job: str, model: Path, data: Path, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", job, "--model-path", str(model), "--data",
-           str(data), "--batch-size", str(args.batch_size), "--threads", str(args.threads)]
+           str(data), "--batch-size", str(args.batch_size), "--threads", str(args.threads),
+           "--method", args.method]
     env = dict(os.environ, PYTHONPATH=str(ROOT.parent))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in proc.stdout.splitlines():
@@ -354,6 +386,10 @@ def main() -> None:
     parser.add_argument("--jobs", nargs="+", choices=JOBS, default=None,
                         help="run only these jobs (fp32 is always run); skips the range "
                              "comparison and the kernels")
+    parser.add_argument("--method", choices=METHODS, default="entropy",
+                        help="the cli job's --method (the pass is the same for every method)")
+    parser.add_argument("--write", action="store_true",
+                        help="also write the table to benchmarks/results/bench_calibration.md")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model-path", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -401,6 +437,12 @@ def main() -> None:
             ort_mb_per_sample = max(hist_rss) / n
     print()
     print(table(results))
+    if args.write:
+        publish("bench_calibration", "\n".join([
+            "# Calibration", "", f"Model: {described}; data: {data_described}; batch "
+            f"{args.batch_size} (the `mpsearch calibrate` row: its automatic batch); "
+            f"{args.threads} threads. Peak RSS: each job's own process (VmHWM).", "",
+            table(results)]), write=True, echo=False)
     if args.jobs:
         return
     smallest = min(args.samples)
@@ -430,7 +472,8 @@ def table(results: dict[int, dict[str, dict[str, Any]]]) -> str:
                     f"{jobs['fp32']['peak_rss_mb'] - jobs['fp32']['data_mb']:.0f} |")
         if "cli" in jobs:
             r = jobs["cli"]
-            rows.append(f"| {n} | `mpsearch calibrate`, default flags (process) | minmax | "
+            rows.append(f"| {n} | `mpsearch calibrate`, default flags (process) | "
+                        f"{r.get('method', 'minmax')} | "
                         f"{r['seconds']:.2f} | {r['seconds'] / fp32:.2f} | "
                         f"{r['peak_rss_mb']:.0f} | {r['peak_rss_mb'] - r['data_mb']:.0f} |")
         if "exposed" in jobs:

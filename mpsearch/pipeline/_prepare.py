@@ -7,10 +7,11 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 from mpsearch import __version__
@@ -67,6 +68,22 @@ class Prepared:
             quantizer = Quantizer(self.graph, self.table, self.profile, method=self.method)
         object.__setattr__(self, "quantizer", quantizer)
 
+    def without_samples(self) -> Prepared:
+        """This preparation, the same quantizer and its caches, holding one sample of its
+        calibration and validation data each: for a caller that took the splits it needs
+        (they are copies; keeping these too would double the data's memory)."""
+        lean = replace(self, calibration=_first_sample(self.calibration),
+                       validation=_first_sample(self.validation))
+        object.__setattr__(lean, "quantizer", self.quantizer)
+        return lean
+
+
+def _first_sample(data: Dataset) -> Dataset:
+    """A copy of ``data``'s first sample (not a view: a view keeps the whole array)."""
+    labels = None if data.labels is None else np.array(data.labels[:1])
+    return Dataset(inputs={name: np.array(a[:1]) for name, a in data.inputs.items()},
+                   labels=labels, source=data.source)
+
 
 def split_data(data: Dataset, calibration_samples: int, seed: int) -> tuple[Dataset, Dataset]:
     """Seeded split into (calibration, validation); calibration gets at most half the data."""
@@ -121,6 +138,7 @@ def prepare_inputs(
     for node in graph.nodes.values():  # fail early when the target cannot run an op at all
         hw.formats_for_node(node)
     calib, valid = split_data(dataset, calibration_samples, seed)
+    del dataset  # the splits are copies: the whole set would double the data's memory
     options: dict[str, Any] = dict(batch_size=batch_size, threads=threads, progress=progress)
 
     settings = RecoverySettings(cle=cle, bias_correction=bias_correction, gptq=gptq,

@@ -72,6 +72,7 @@ def search_run(
     check_storage(settings, run.journal)  # a foreign file fails now, not after calibration
     prepared = prepare(spec, run, progress=progress)
     search_data, held_data = _splits(prepared, spec)
+    prepared = prepared.without_samples()  # the splits above are all the search reads
     inputs = _search_inputs(prepared, spec, search_data)
     check_resume(settings, run.journal, inputs, resume)  # before the run dir is rewritten
     check_measurements(run.measurements)
@@ -92,6 +93,7 @@ def search_run(
                             inputs=inputs, progress=progress,
                             refusal=verifier.refusal if verifier is not None
                             and spec.verify == "toolchain" else None)
+        measurer.release()  # its kept tensors and last session; its results stay cached
         with _spec_measuring(prepared, spec, held_data, run, "held-out") as held:
             front = held_out_front(prepared.summary, spec, result, held, measurer,
                                    progress)

@@ -56,7 +56,6 @@ from mpsearch.recovery._smoothquant import (
     smooth,
     smoothing_groups,
 )
-from mpsearch.runtime import create_session
 
 if TYPE_CHECKING:
     from mpsearch.calibration import CalibrationTable
@@ -207,8 +206,8 @@ class _Scorer:
         rows: dict[str, dict[str, float]] = {}
         for fmt in self.formats:
             model = quantizer.build(uniform_assignment(quantizer.graph, self.profile, fmt))
-            session = create_session(model, threads=self.threads, label=f"recovery {name}")
-            metrics = self.evaluator.evaluate(session).metrics
+            # the measurers' pooled session: an arena of its own kept a run's whole pattern
+            metrics = self.evaluator.evaluate(model).metrics
             rows[fmt] = {"sqnr": float(metrics["sqnr"]),
                          self.evaluator.primary.name: float(metrics[self.evaluator.primary.name])}
             self.models.setdefault(name, {})[fmt] = model

@@ -17,7 +17,15 @@ from mpsearch.analysis import Measurer
 from mpsearch.assignment import estimate_latency, make_assignment, uniform_assignment
 from mpsearch.data import Dataset
 from mpsearch.errors import DataError, SpecError
-from mpsearch.evaluate import METRICS, Evaluator, resolve_metric
+from mpsearch.evaluate import (
+    ACTIVATION_ENV,
+    METRICS,
+    Evaluator,
+    activation_size,
+    evaluation_batch,
+    fitting_batch,
+    resolve_metric,
+)
 from mpsearch.graph import load_model
 from mpsearch.pipeline import prepare_inputs
 from mpsearch.profiles import load_profile
@@ -255,3 +263,14 @@ def test_an_evaluator_of_a_weight_heavy_model_shares_its_weights(
     unshared = Evaluator(graph, data)
     assert unshared.shared is None
     assert unshared.evaluate(built).metrics == plain.evaluate(built).metrics
+
+
+def test_an_evaluation_batch_takes_its_share_of_the_activation_budget(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Half the budget: the measurer's kept FP32 tensors and the pool's slack share the rest."""
+    graph = load_model(str(FIXTURES / "mobilenetv2.onnx"))
+    per_sample = 2 * activation_size(graph).node
+    monkeypatch.setenv(ACTIVATION_ENV, "1")
+    assert fitting_batch(graph, None, "evaluation") == 1_000_000 // per_sample
+    assert evaluation_batch(graph, None) == 500_000 // per_sample > 1
+    assert evaluation_batch(graph, 4) == 4

@@ -101,3 +101,21 @@ def test_without_kept_tensors_a_candidate_runs_whole(digits: Dataset) -> None:
     cut = kept.cut(model, graph.outputs[0].name)
     assert cut is not None and cut.model is not None
     assert cut.nodes < len(model.graph.node) // 4
+
+
+def test_prefix_samples_beyond_one_batch_run_in_batches_and_score_alike(
+        digits: Dataset) -> None:
+    """Batches smaller than the prefix samples (a memory budget's): the kept tensors and the
+    changed part run a batch at a time and score what the whole model scores."""
+    quantizer = _quantizer(str(FIXTURES / "mobilenetv2.onnx"), digits)
+    data = digits.take(64)
+    reused = Measurer(quantizer, data, prefix_samples=32, batch_size=8)
+    whole = Measurer(quantizer, data, batch_size=8)
+    last = quantizer.graph.quantizable_nodes()[-3].name
+    a, b = reused.measure({last: "int8"}, samples=32), whole.measure({last: "int8"}, samples=32)
+    assert reused.partial_runs == 1 and reused.evaluator.batch_size == 8
+    assert a.samples == b.samples == 32 and a.metrics["agreement"] == b.metrics["agreement"]
+    assert a.metrics["mse"] == pytest.approx(b.metrics["mse"], rel=0.05, abs=1e-9)
+    reused.release()
+    assert reused._open is None and reused._prefix is None
+    assert reused.measure({last: "int8"}, samples=32).metrics == a.metrics  # from the cache
