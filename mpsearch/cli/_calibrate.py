@@ -31,7 +31,7 @@ def add_calibrate_parser(subparsers: Any) -> None:
                         help="default range method recorded in the table (default: minmax)")
     parser.add_argument("--out", required=True, help="directory of the calibration table")
     parser.add_argument("--batch-size", type=int, default=None,
-                        help="samples per ORT run (default: as many as fit a 192 MB budget "
+                        help="samples per ORT run (default: as many as fit a 128 MB budget "
                              "of exposed activations, at most 64)")
     parser.add_argument("--bins", type=int, default=2048, help="histogram bins (even)")
     parser.add_argument("--percentile", type=float, default=99.999,
