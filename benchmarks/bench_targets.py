@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         "nodes as the toolchain placed them. Cost: the toolchain's own figures (QNN: median "
         "emulator cycles of 5 runs of one sample and the context binary size; RKNN: the sum "
         "of the toolkit's estimated cycles; Vela: its performance model's cycles and memory). "
-        "Vela and QNN `cycles` add `cpu_cycles_estimate`, the nodes left to the CPU at an "
+        "Vela, QNN and RKNN `cycles` add `cpu_cycles_estimate`, the nodes left to the CPU at an "
         "optimistic host rate (docs/targets.md); `cycles_toolchain` is the toolchain's own. "
         "A crash or refusal is a row with the reason.\n\n"
         + table)
