@@ -259,7 +259,7 @@ def chart_data(front: Mapping[str, Any] | None, partial: Mapping[str, Any] | Non
             twin = same.get((float(p["metric"]), int(p["size"])))
             label = (f"point {k}" + (f" = {twin}" if twin else "")
                      + ("" if is_shown(p) else f" (hidden: beaten by {by})")
-                   + ("" if failure(p) is None else " (failed on the target)"))
+                     + ("" if failure(p) is None else " (failed on the target)"))
             points.append({"index": k, "metric": float(p["metric"]), "size": int(p["size"]),
                            "ms": latency(p)[0], "shown": is_shown(p),
                            "hover": _hover(label, p, metric, fp32).replace("batch N",
