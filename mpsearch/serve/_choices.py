@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mpsearch.rundir import RunDir, read_json
-from mpsearch.serve._jobs import ACTIVE, Job
+from mpsearch.serve._jobs import ACTIVE, FINISHED, Job
 from mpsearch.serve._progress import pareto, read_journal
 from mpsearch.serve._store import Store, Upload, UploadError
 
@@ -143,7 +143,7 @@ class Choices:
         run = RunDir(run_dir)
         points, finished = read_journal(run.journal)
         out["trials_done"] = finished
-        front = read_json(run.front_json) if job.state == "done" else None
+        front = read_json(run.front_json) if job.state in FINISHED else None
         if isinstance(front, dict):
             out["front"] = front
             out["files"] = {int(m.group(1)): p.stat().st_size

@@ -7,7 +7,9 @@ page's script. A point is *shown* (part of "the front") unless ``front.json`` sa
 its ``shown`` flag, or, in files without one, ``dominated: true`` hides it. The recommended
 point is ``front.json``'s ``recommended`` (an index into ``points``); when a file has none, the
 page suggests, among the shown points with the best held-out metric, the smallest one (ties:
-the fastest at batch 1, then the lowest index) and says that the page chose it.
+the fastest at batch 1, then the lowest index) and says that the page chose it. A point the
+target's verification rejected (``target_failure``) is marked and never recommended; when it
+rejected every shown point, :func:`unverified` says so (the CLI's exit 4).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from typing import Any
 
 from mpsearch.rundir import latency_words
 
-__all__ = ["Latency", "baselines", "chart_data", "export_index", "is_shown", "latency",
-           "recommendation", "recommended_index", "words"]
+__all__ = ["Latency", "baselines", "chart_data", "export_index", "failure", "is_shown",
+           "latency", "recommendation", "recommended_index", "unverified", "words"]
 
 Latency = tuple[float | None, tuple[float, float] | None]
 """A latency in ms and its spread ([low, high] ms), each None when unknown."""
@@ -37,6 +39,26 @@ def is_shown(point: Mapping[str, Any]) -> bool:
     return bool(shown)
 
 
+def failure(point: Mapping[str, Any]) -> str | None:
+    """Why the target's verification rejected ``point`` (None: it passed, or was not
+    verified)."""
+    text = point.get("target_failure")
+    return str(text) if text else None
+
+
+def unverified(front: Mapping[str, Any]) -> str | None:
+    """"no verified point: ..." with each shown point's reason when the target's verification
+    rejected every shown point (the CLI then exits 4); None when one passed or none was
+    verified."""
+    shown = [p for p in _points(front) if is_shown(p)]
+    if not shown or any(not p.get("target_placement") or failure(p) is None for p in shown):
+        return None
+    tool = (shown[0].get("target_placement") or {}).get("toolchain") or "the target"
+    reasons = "; ".join(f"point {p.get('index')}: {failure(p)}" for p in shown)
+    return (f"no verified point: all {len(shown)} shown point(s) failed verification on "
+            f"{tool} ({reasons})")
+
+
 def _points(front: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [p for p in front.get("points") or () if isinstance(p, Mapping)]
 
@@ -49,14 +71,15 @@ def recommended_index(front: Mapping[str, Any]) -> tuple[int | None, bool]:
     """(the ``index`` of the point to preselect, whether ``front.json`` chose it).
 
     ``recommended`` may be null (nothing to recommend: then nothing is preselected); when the
-    key is absent the page's own rule applies (module doc)."""
+    key is absent the page's own rule applies (module doc). A point the target rejected is
+    never the one."""
     points = _points(front)
     if "recommended" in front:
         k = front.get("recommended")
-        if isinstance(k, int) and 0 <= k < len(points):
+        if isinstance(k, int) and 0 <= k < len(points) and failure(points[k]) is None:
             return int(points[k].get("index", k)), True
         return None, True
-    shown = [p for p in points if is_shown(p)]
+    shown = [p for p in points if is_shown(p) and failure(p) is None]
     if not shown:
         return None, False
     best = shown[0]["metric"]
@@ -134,7 +157,7 @@ def recommendation(front: Mapping[str, Any]) -> str | None:
         return text.strip()
     k, from_file = recommended_index(front)
     if k is None:
-        return None if from_file else "No point met the constraints."
+        return unverified(front) or (None if from_file else "No point met the constraints.")
     point = next(p for p in _points(front) if int(p.get("index", -1)) == k)
     fp32 = front.get("fp32") or {}
     parts = [f"point {k}: {_kb(float(point['size']))}"]
@@ -204,7 +227,8 @@ def chart_data(front: Mapping[str, Any] | None, partial: Mapping[str, Any] | Non
             by = p.get("beaten_by") or "another point"
             twin = same.get((float(p["metric"]), int(p["size"])))
             label = (f"point {k}" + (f" = {twin}" if twin else "")
-                     + ("" if is_shown(p) else f" (hidden: beaten by {by})"))
+                     + ("" if is_shown(p) else f" (hidden: beaten by {by})")
+                     + ("" if failure(p) is None else " (failed on the target)"))
             points.append({"index": k, "metric": float(p["metric"]), "size": int(p["size"]),
                            "ms": latency(p)[0], "shown": is_shown(p),
                            "hover": _hover(label, p, metric, front).replace("batch N",

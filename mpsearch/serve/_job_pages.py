@@ -252,7 +252,12 @@ def job_page(job: Any, *, progress: Mapping[str, Any] | None, front: Mapping[str
                      'type="submit" id="resume" class="primary">Resume</button></form>')
     if job.error:
         parts.append(f'<div class="error" role="alert" id="job-error">{e(job.error)}</div>')
-    if job.note:
+    if job.state == "unverified":  # finished, but nothing passed the target: not a success
+        why = (job.note or "").removeprefix("no verified point: ")
+        parts.append('<div class="unverified" role="status" id="job-unverified"><b>No verified '
+                     f"point:</b> {e(why)}. The search finished; its front is below for the "
+                     "record, and nothing is recommended (the CLI exits 4).</div>")
+    elif job.note:
         parts.append(f'<p class="note">{e(job.note)}</p>')
     if metric_note:
         parts.append(f'<p class="note" id="metric-auto">{e(metric_note)}.</p>')

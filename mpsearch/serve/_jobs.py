@@ -9,8 +9,10 @@ on them. At most ``max_running`` workers run at once (the rest
 queue, first in first out); a supervisor thread polls them. ``job.json`` in the run directory is
 the job's state, rewritten atomically at each change, so the job list survives a browser reload
 and a server restart (a job that was running when the server stopped becomes "interrupted" and
-can be resumed). Cancel sends SIGTERM (then SIGKILL); resume reruns the job on the same run
-directory, which continues a search's study and reuses the calibration and analysis caches.
+can be resumed). A search whose every shown point the target's verification rejected ends
+"unverified" (the CLI's exit 4), its front kept and the reasons in its note. Cancel sends
+SIGTERM (then SIGKILL); resume reruns the job on the same run directory, which continues a
+search's study and reuses the calibration and analysis caches.
 """
 
 from __future__ import annotations
@@ -27,17 +29,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from mpsearch.errors import MpsearchError
-from mpsearch.rundir import RunDir
+from mpsearch.errors import EXIT_NO_VERIFIED_POINT, MpsearchError
+from mpsearch.rundir import RunDir, read_json
+from mpsearch.serve._frontview import unverified
 from mpsearch.serve._spec import JobConfig
 from mpsearch.serve._store import Upload, UploadError, new_id, valid_id
 from mpsearch.serve._worker import worker_command
 
-__all__ = ["ACTIVE", "Job", "JobQueue", "job_title", "worker_command"]
+__all__ = ["ACTIVE", "FINISHED", "Job", "JobQueue", "job_title", "worker_command"]
 
 logger = logging.getLogger(__name__)
 
 ACTIVE = ("queued", "running")
+#: The states of a search that wrote its front: "unverified" when the target rejected every
+#: shown point.
+FINISHED = ("done", "unverified")
 _KILL_AFTER_S = 10.0
 _EXPORT_TIMEOUT_S = 900.0
 
@@ -213,7 +219,7 @@ class JobQueue:
 
         with self._lock:
             job = self.get(job_id)
-            if job.kind != "search" or job.state in ACTIVE or job.state == "done":
+            if job.kind != "search" or job.state in ACTIVE or job.state in FINISHED:
                 raise UploadError("only a stopped search can be finished with the trials it "
                                   "ran", status=409)
             if trials_done < 1:
@@ -234,7 +240,7 @@ class JobQueue:
         worker process, then cached in ``RUN_DIR/exports/``)."""
         job = self.get(job_id)
         run_dir = self.run_dir(job_id)
-        if job.kind != "search" or job.state != "done":
+        if job.kind != "search" or job.state not in FINISHED:
             raise UploadError("only a finished search has a Pareto front to export", status=409)
         try:
             count = len(RunDir(run_dir).read_front().points)
@@ -315,6 +321,11 @@ class JobQueue:
             state, note = "done", None
         elif code == 1:
             state, note = "done", "no configuration met the constraints"
+        elif code == EXIT_NO_VERIFIED_POINT:
+            front = read_json(RunDir(run_dir).front_json)
+            state, note = "unverified", (unverified(front) if isinstance(front, dict) else None
+                                         ) or ("no verified point: the target's verification "
+                                               "rejected every shown point")
         else:
             state, note = "failed", None
             error = _read_error(run_dir) or f"the job stopped with status {code}"

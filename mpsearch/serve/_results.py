@@ -19,6 +19,7 @@ from typing import Any
 
 from mpsearch.serve._frontview import (
     baselines,
+    failure,
     is_shown,
     latency,
     recommendation,
@@ -71,10 +72,16 @@ def _row(job_id: str, p: Mapping[str, Any], file: int | None, fp32: Mapping[str,
          batch: bool, hidden: bool = False) -> str:
     k = int(p["index"])
     search = p.get("search_metric")
+    failed = failure(p)
     tags = ' <span class="tag recommended">recommended</span>' if k == recommended else ""
+    if failed is not None:  # never recommended: the target's verification rejected it
+        tags = (' <span class="tag target-failed">failed on the target</span>'
+                f'<small class="failure">{e(failed)}</small>')
     beaten = (f'<td class="beaten-by">{e(p.get("beaten_by") or "another point")}</td>'
               if hidden else "")
-    cls = ' class="selected"' if k == selected else ""
+    classes = " ".join(c for c in ("selected" if k == selected else "",
+                                   "target-failed" if failed is not None else "") if c)
+    cls = f' class="{classes}"' if classes else ""
     return (f'<tr id="row-{k}" data-point="{k}"{cls}><td><input type="radio" name="point" '
             f'value="{k}" id="point-{k}"{" checked" if k == selected else ""}></td>'
             f'<td><label for="point-{k}">{k}</label>{tags}</td>'
@@ -127,8 +134,9 @@ def front_section(job: Any, front: Mapping[str, Any], *, trials_done: int,
     selected, _ = recommended_index(front)
     trials = f"{trials_done} of {job.trials}" if job.trials else str(trials_done)
     line = recommendation(front)
-    head = (f'<p id="recommendation" class="recommendation"><b>Recommendation:</b> {e(line)}</p>'
-            if line else "")
+    none = " none" if selected is None else ""
+    head = (f'<p id="recommendation" class="recommendation{none}"><b>Recommendation:</b> '
+            f"{e(line)}</p>" if line else "")
     if front.get("stopped"):
         head += f'<p id="stopped" class="note">The search stopped early: {e(front["stopped"])}</p>'
     head += (f'<p id="front-summary">{e(trials)} trials finished (all runs of this job); '

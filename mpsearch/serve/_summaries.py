@@ -173,7 +173,7 @@ def job_summary(job: Any, run_dir: Path) -> dict[str, str]:
         return dict(cached)
     out = {"settings": _settings(run), "best": "-", "smallest": "-", "recommendation": "-",
            "formats": "-", "duration": _duration(job)}
-    if job.state == "done" and job.kind == "search":
+    if job.state in ("done", "unverified") and job.kind == "search":
         front = read_json(run.front_json)
         if isinstance(front, dict):
             out.update(_front(front))

@@ -91,7 +91,8 @@ def _num(value: Any, form: str = ".4f") -> str:
 def _row(p: Mapping[str, Any]) -> str:
     placed = p.get("target_placement") or {}
     cost = p.get("target_cost") or {}
-    target, ort = p.get("target_metric"), p.get("metric")
+    target = p.get("target_metric")  # ORT on the same samples when the target ran fewer
+    ort = p.get("metric") if placed.get("ort_metric") is None else placed["ort_metric"]
     diff = (target - ort if isinstance(target, (int, float)) and isinstance(ort, (int, float))
             else None)
     nodes, on = int(placed.get("nodes") or 0), int(placed.get("on_accelerator") or 0)
@@ -100,12 +101,15 @@ def _row(p: Mapping[str, Any]) -> str:
         f"{f.get('node')}: {f.get('reason')}" for f in fallback) or "-"
     costs = ", ".join(f"{k} {float(v):,.0f}" for k, v in cost.items()
                       if isinstance(v, (int, float))) or "-"
-    k = p.get("index")
-    return (f'<tr data-point="{e(k)}"><td>{e(k)}</td><td class="ort">{_num(ort)}</td>'
+    k, failed = p.get("index"), p.get("target_failure")
+    verdict = (f'<td class="verdict failed">failed: {e(failed)}</td>' if failed else
+               '<td class="verdict">ok</td>')
+    cls = ' class="target-failed"' if failed else ""
+    return (f'<tr data-point="{e(k)}"{cls}><td>{e(k)}</td><td class="ort">{_num(ort)}</td>'
             f'<td class="target-metric">{_num(target)}</td><td>{_num(diff, "+.4f")}</td>'
             f'<td class="placement">{on} of {nodes} on the accelerator, {nodes - on} on the '
             f'CPU</td><td class="cost">{e(costs)}</td><td class="fallback">{e(reasons)}</td>'
-            "</tr>")
+            f"{verdict}</tr>")
 
 
 def target_section(front: Mapping[str, Any]) -> str:
@@ -119,7 +123,8 @@ def target_section(front: Mapping[str, Any]) -> str:
     settings = ", ".join(f"{k} {v}" for k, v in (first.get("settings") or {}).items())
     head = ("<thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in (
         "point", "metric, ONNX Runtime", "metric, on the target", "target - ORT", "placement",
-        "toolchain cost", "on the CPU (the toolchain's reason)")) + "</tr></thead>")
+        "toolchain cost", "on the CPU (the toolchain's reason)", "verdict"))
+        + "</tr></thead>")
     return (f'<section id="on-target"><h3>On the target</h3><p>Each front point compiled and '
             f"run by <b>{e(first.get('toolchain'))}</b> ({e(first.get('version', ''))}"
             f"{'; ' + e(settings) if settings else ''}) on the held-out split: the metric as "

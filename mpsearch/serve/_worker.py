@@ -14,7 +14,8 @@ can only exhaust this process, never the server: see :func:`decode_upload`.
 Progress goes to ``RUN_DIR/progress.jsonl`` as data (:class:`mpsearch.progress.JsonlProgress`),
 logs to stderr (the job log); a user-facing error is written as one line to
 ``RUN_DIR/error.txt`` and the exit status follows the CLI: 0 ok, 1 nothing feasible, 2 bad
-input, 3 internal error, 130 cancelled (SIGTERM).
+input, 3 internal error, 4 no verified point (the target rejected every shown point), 130
+cancelled (SIGTERM).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from mpsearch.errors import MpsearchError, SpecError
+from mpsearch.errors import EXIT_NO_VERIFIED_POINT, MpsearchError, SpecError
 from mpsearch.progress import JsonlProgress
 from mpsearch.rundir import RunDir
+from mpsearch.serve._frontview import unverified
 from mpsearch.serve._quiet import interrupt_later, quiet_cancel
 from mpsearch.spec import SearchSpec, load_spec
 
@@ -67,6 +69,8 @@ def _search(run: RunDir, resume: bool) -> int:
 
     result = search_run(served_spec(run.spec_yaml), run, resume=resume,
                         progress=JsonlProgress(run.progress_jsonl))
+    if unverified(result.front.to_dict()) is not None:
+        return EXIT_NO_VERIFIED_POINT
     return 0 if result.front.points else 1
 
 

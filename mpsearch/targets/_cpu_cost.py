@@ -1,11 +1,12 @@
 """The work a target leaves to its host CPU, counted in its cost.
 
 A toolchain's cycle count covers its accelerator only: Vela gives an operator on the
-Cortex-M 0 cycles, so a point that moves work off the NPU looks cheaper, and one entirely on
-the CPU looks free. :func:`with_cpu_estimate` adds an estimate of the fallback nodes' cost on
-the host core to ``cycles``: their floating-point operations (:func:`mpsearch.summary.summarize`:
-2 per MAC, one or more per element otherwise; a Quantize/Dequantize counts one per element)
-at an assumed rate of the host core in the accelerator's clock. The rates are optimistic on
+Cortex-M 0 cycles, and RKNN-Toolkit2's layer table a CPU layer 0/0/0, so a point that moves
+work off the NPU looks cheaper, and one entirely on the CPU looks free.
+:func:`with_cpu_estimate` adds an estimate of the fallback nodes' cost on the host core to
+``cycles``: their floating-point operations (:func:`mpsearch.summary.summarize`: 2 per MAC,
+one or more per element otherwise; a Quantize/Dequantize counts one per element) at an
+assumed rate of the host core in the accelerator's clock. The rates are optimistic on
 purpose (a lower bound of the CPU's cost), so the estimate never overstates a fallback;
 the toolchain's own total stays beside it as ``cycles_toolchain``.
 """
@@ -25,8 +26,10 @@ __all__ = ["HOST_FLOPS_PER_CYCLE", "with_cpu_estimate"]
 #: Floating-point operations per accelerator clock cycle of the host core, per toolchain:
 #: vela: a Cortex-M55 at the NPU's clock (as in Arm's Corstone-300), its scalar FPU at one
 #: operation per cycle (TFLite Micro's float kernels are not vectorised); qnn: a Snapdragon
-#: CPU core (4-wide NEON fused multiply-add, 8 per cycle) at about twice the HTP's clock.
-HOST_FLOPS_PER_CYCLE = {"vela": 1.0, "qnn": 16.0}
+#: CPU core (4-wide NEON fused multiply-add, 8 per cycle) at about twice the HTP's clock;
+#: rknn: an RK3588 Cortex-A76 core (two 128-bit NEON FMA pipes, 16 float32 operations per
+#: cycle) at 2.4 GHz against the NPU's 1.0 GHz, 38 per NPU cycle.
+HOST_FLOPS_PER_CYCLE = {"vela": 1.0, "qnn": 16.0, "rknn": 38.0}
 _QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 

@@ -5,7 +5,9 @@ subprocess running ``_rknn_worker.py``; requests and results are JSON, arrays NP
 fixes the input shapes to the calibration sample's, lowers the opset to 19 (the toolkit's
 limit) when needed, builds with the QDQ scales as they are (``do_quantization`` false: float
 layers become FP16), exports the ``.rknn`` file and parses the verbose build's "Network Layer
-Information Table" into placements (dtype, NPU or CPU) and cost (estimated cycles). ``run``
+Information Table" into placements (dtype, NPU or CPU) and cost (estimated cycles; the table
+gives a CPU layer none, so ``cycles`` adds an estimate of the CPU's share,
+:mod:`mpsearch.targets._cpu_cost`, and ``cycles_toolchain`` keeps the table's sum). ``run``
 rebuilds the same model in a worker that keeps the x86 simulator open for the next call.
 """
 
@@ -28,6 +30,7 @@ from onnx import version_converter
 from mpsearch.errors import TargetError
 from mpsearch.targets import _rknn_env as rknn_env
 from mpsearch.targets._base import Compiled, ToolchainCrash, log_tail
+from mpsearch.targets._cpu_cost import with_cpu_estimate
 from mpsearch.targets._rknn_table import cost_of, parse_layers, place, plain_float
 
 __all__ = ["RknnToolchain"]
@@ -199,8 +202,10 @@ class RknnToolchain:
         (workdir / _REQUEST).write_text(json.dumps(request), encoding="utf-8")
         logger.info("rknn %s: %d layers, %d on the CPU", request["target_platform"],
                     len(layers), sum(la.target.startswith("CPU") for la in layers))
+        placements = place(model, layers, log)
+        cost = with_cpu_estimate(cost_of(layers, log), model, placements, self.name)
         return Compiled(toolchain=self.name, version=str(result.get("version", "")),
-                        placements=place(model, layers, log), cost=cost_of(layers, log),
+                        placements=placements, cost=cost,
                         artifact=Path(request["artifact"]), log=log, notes=tuple(notes),
                         settings=dict(settings), source=Path(request["model"]))
 

@@ -677,6 +677,57 @@ def test_search_job_end_to_end(client: TestClient, tiny: tuple[Path, Path],
     assert sorted(p.name for p in (run_dir / "exports").iterdir()) == ["point-0.onnx"]
 
 
+def test_search_whose_every_point_the_target_rejects_ends_unverified(
+        client: TestClient, tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    """A real search verified on Vela with a system config Vela refuses: the worker exits 4
+    as the CLI does, the job ends "unverified" (neither done nor failed) with each point's
+    reason, every shown point's row is marked failed and none is recommended."""
+    from mpsearch.profiles import load_profile
+
+    text = Path(load_profile("ethos_u55").path).read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("toolchain:"))
+    bad = text.replace(line, "toolchain: {name: vela, accelerator_config: ethos-u55-128, "
+                             "system_config: Nope}").encode()
+    model = _model(client, tiny[0])
+    data = _data(client, model, tiny[1])
+    profile = _upload(client, f"/models/{model}/profiles", "u55_nope.yaml", bad)
+    assert profile.status_code == 201, profile.text
+    form = {**QUICK, "data": data, "kind": "search", "analysis": "off", "verify": "front",
+            "profile": f"upload:{profile.json()['id']}"}
+    submitted = client.post(f"/models/{model}/jobs", data=form, headers=JSON)
+    assert submitted.status_code == 201, submitted.text
+    job = submitted.json()["id"]
+    status = _wait(client, job, ("done", "failed", "unverified"))["job"]
+    run_dir = tmp_path / "work" / "runs" / job
+    assert (status["state"], status["exit_code"], status["error"]) == ("unverified", 4, None), (
+        run_dir / "job.log").read_text()[-2000:]
+    front = json.loads((run_dir / "front.json").read_text())
+    shown = [p for p in front["points"] if p["shown"]]
+    assert shown and front["recommended"] is None
+    reasons = "; ".join(f"point {p['index']}: {p['target_failure']}" for p in shown)
+    assert all(p["target_failure"].startswith("vela could not compile it: ") for p in shown)
+    assert status["note"] == (f"no verified point: all {len(shown)} shown point(s) failed "
+                              f"verification on vela ({reasons})")
+    page = client.get(f"/jobs/{job}").text
+    assert '<span class="state unverified" id="job-state">unverified</span>' in page
+    box = page.split('<div class="unverified" role="status" id="job-unverified">')[1]
+    assert box.startswith(f"<b>No verified point:</b> all {len(shown)} shown point(s) failed")
+    assert 'id="job-error"' not in page and 'id="resume"' not in page
+    assert '<p id="recommendation" class="recommendation none">' in page
+    assert 'class="tag recommended"' not in page and " checked>" not in page
+    for p in shown:
+        row = page.split(f'<tr id="row-{p["index"]}" data-point="{p["index"]}"')[1]
+        assert row.startswith(' class="target-failed">'), row[:200]
+        assert '<span class="tag target-failed">failed on the target</span>' in row.split(
+            "</tr>")[0]
+    assert page.count('<td class="verdict failed">failed: vela could not compile it: ') == len(
+        shown)
+    jobs = client.get("/api/jobs").json()["jobs"]
+    assert [j["summary"]["recommendation"] for j in jobs if j["id"] == job] == [
+        front["recommendation"]]
+    assert client.post(f"/jobs/{job}/finish", headers=JSON).status_code == 409
+
+
 def _check_front_fields(client: TestClient, job: str, path: Path) -> None:
     """The page follows front.json's recommendation, ``shown`` flags and latency spreads
     (written by the engine; here added to a real front.json, then the file is restored)."""
@@ -723,7 +774,7 @@ def _check_front_fields(client: TestClient, job: str, path: Path) -> None:
             f'{points[last]["metric"]:.4f}</td><td class="target-metric">{target:.4f}</td>'
             '<td>-0.0125</td><td class="placement">6 of 7 on the accelerator, 1 on the CPU'
             '</td><td class="cost">cycles 123,456</td><td class="fallback">/Flatten: not '
-            "supported</td></tr>") in on_target
+            'supported</td><td class="verdict">ok</td></tr>') in on_target
     assert 'id="cpu-numbers"' not in page
     table = page.split('<tbody id="front-points">')[1].split("</tbody>")[0]
     hidden = page.split('<table id="hidden">')[1].split("</table>")[0]

@@ -471,9 +471,20 @@ def test_qnn_target_path_and_one_recommendation_wording(server: str, tmp_path: P
         on, nodes = placed["on_accelerator"], placed["nodes"]
         assert row.locator("td.placement").text_content() == (
             f"{on} of {nodes} on the accelerator, {nodes - on} on the CPU")
-        assert row.locator("td.ort").text_content() == f"{p['metric']:.4f}"
+        ort = p["metric"] if placed.get("ort_metric") is None else placed["ort_metric"]
+        assert row.locator("td.ort").text_content() == f"{ort:.4f}"
         assert row.locator("td.target-metric").text_content() == f"{p['target_metric']:.4f}"
         assert "cycles" in (row.locator("td.cost").text_content() or "")
+        # a point the target rejected is marked, with its reason, in both tables
+        failed = p.get("target_failure")
+        assert row.locator("td.verdict").text_content() == (f"failed: {failed}" if failed
+                                                            else "ok")
+        if p["shown"]:
+            main = page.locator(f"#front-points tr#row-{p['index']}")
+            assert ("target-failed" in (main.get_attribute("class") or "")) == bool(failed)
+            assert main.locator("small.failure").count() == int(bool(failed))
+            if failed:
+                assert main.locator(".tag.recommended").count() == 0
     assert any(p["target_placement"]["on_accelerator"] > 0 for p in verified)
     _shot(page, tmp_path, "08-qnn-target.png", full=True)
 

@@ -138,7 +138,9 @@ def test_demo_int8_placements_come_from_the_toolkit(
         assert (" INT8 " in row) == (placed[name].precision == "int8")
         assert (" NPU " in row) == (placed[name].unit == "accelerator")
     layers = parse_layers(compiled.log)
-    assert compiled.cost["cycles"] == sum(la.cycles for la in layers) > 0
+    assert compiled.cost["cycles"] == compiled.cost["cycles_toolchain"] == sum(
+        la.cycles for la in layers) > 0  # nothing on the CPU: no estimate added
+    assert compiled.fallback == () and compiled.cost["cpu_flops"] == 0
     assert compiled.cost["cpu_layers"] == sum(
         la.target == "CPU" and la.op not in ("InputOperator", "OutputOperator") for la in layers)
 
@@ -226,6 +228,11 @@ def test_opset_21_is_lowered_for_the_toolkit(demo: Prepared, tmp_path: Path) -> 
 
 @needs_rknn
 def test_transformer_erf_falls_back_to_the_cpu(tmp_path: Path) -> None:
+    """Erf has no NPU kernel: the toolkit places it on the CPU with 0/0/0 cycles in its table,
+    so the cost adds its work on the host core (4 FLOPs per element, the summary's count, on
+    the toolkit's own output shape) to the table's sum, which stays as cycles_toolchain."""
+    from mpsearch.targets._cpu_cost import HOST_FLOPS_PER_CYCLE
+
     prepared = _prepared(FIXTURES / "transformer.onnx", FIXTURES / "digits_eval.npz")
     graph = prepared.graph
     formats = {n: "fp16" for n, node in graph.nodes.items()
@@ -235,9 +242,20 @@ def test_transformer_erf_falls_back_to_the_cpu(tmp_path: Path) -> None:
     compiled = _compile(prepared, model, tmp_path)
     erf = [n.name for n in model.graph.node if n.op_type == "Erf"]
     fallback = {p.node: p for p in compiled.fallback}
+    elements = 0
     for name in erf:
         assert " CPU " in _row(compiled.log, name) and name in fallback
         assert "CPU" in fallback[name].reason
+        cells = _row(compiled.log, name).split()
+        assert "0/0/0" in cells  # the toolkit's table: no cycles for a CPU layer
+        shape = cells[cells.index("0/0/0") - 1]  # its output shape, e.g. (1,16,1,96)
+        elements += int(np.prod([int(d) for d in shape.strip("()").split(",")]))
+    assert set(fallback) == set(erf) and elements > 0
+    cost = compiled.cost
+    assert cost["cycles_toolchain"] == sum(la.cycles for la in parse_layers(compiled.log)) > 0
+    assert cost["cpu_flops"] == 4 * elements
+    assert cost["cpu_cycles_estimate"] == cost["cpu_flops"] / HOST_FLOPS_PER_CYCLE["rknn"]
+    assert cost["cycles"] == cost["cycles_toolchain"] + cost["cpu_cycles_estimate"]
     got = _agreement(model, compiled, _inputs(prepared))
     assert got["top1"] >= 0.97, got["top1"]
 

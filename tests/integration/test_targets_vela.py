@@ -624,3 +624,38 @@ def test_small_1d_cnn_with_a_reduce_sum_matches_ort(formats: tuple[str, str], tm
     span = float(theirs.max() - theirs.min())
     assert span > 1.0
     assert float(np.abs(ours - theirs).max()) <= 0.01 * span
+
+
+@pytest.mark.slow
+def test_u55_search_of_a_small_cnn_recommends_a_point_on_the_npu(tmp_path: Path) -> None:
+    """A real ethos_u55 search of the ResNet fixture, whose uniform int8 and int16 meet the
+    constraint, verified on Vela (``verify: front``): the recommended point is quantized, runs
+    on the NPU, and its TFLite metric agrees with ONNX Runtime's within one point."""
+    from mpsearch.pipeline import search_run
+    from mpsearch.spec import load_spec
+
+    spec = tmp_path / "u55.yaml"
+    spec.write_text(
+        f"model: {FIXTURES / 'resnet.onnx'}\nprofile: ethos_u55\n"
+        f"data: {{source: {FIXTURES / 'digits_eval.npz'}, calibration: 128, held_out: 0.5, "
+        "seed: 0}\nmetric: accuracy\nobjectives: [metric, size]\n"
+        "constraints: {max_metric_drop: 0.02}\nbudget: {trials: 12}\nanalysis: false\n"
+        "seed: 0\nverify: front\n")
+    front = search_run(load_spec(spec), tmp_path / "run").front
+    floor = front.fp32.metric - 0.02
+    for fmt in ("int8", "int16"):  # the premise: both uniform formats meet the constraint
+        assert front.uniform[fmt].metric >= floor, (fmt, front.uniform[fmt].metric, floor)
+    assert front.recommended is not None, front.recommendation
+    point = front.points[front.recommended]
+    assert (front.recommendation or "").startswith(f"deploy point {point.index}: ")
+    assert point.size * 2 < front.fp32.size, (point.size, front.fp32.size)  # not FP32
+    assert point.target_failure is None and point.target_metric is not None
+    placed = point.target_placement
+    assert placed is not None and placed["toolchain"] == "vela"
+    units = [p["unit"] for p in placed["placements"]]
+    assert units.count("accelerator") == placed["on_accelerator"] > len(units) / 2, \
+        placed["fallback"]
+    ort_metric = point.metric if placed.get("ort_metric") is None else placed["ort_metric"]
+    assert abs(point.target_metric - ort_metric) <= 0.01, (point.target_metric, ort_metric)
+    cost = point.target_cost
+    assert cost is not None and cost["npu_ops"] > 0 and cost["cycles_npu"] > 0
