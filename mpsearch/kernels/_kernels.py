@@ -587,9 +587,9 @@ def range_mse_numpy(hist: Any, lo: float, hi: float, a: float, b: float, bits: i
     levels = _levels(bits)
     width = (hi - lo) / h.size
     a, b = min(a, 0.0), max(b, 0.0)
-    if b <= a:
-        return 0.0
     step = (b - a) / levels
+    if step <= 0.0:  # an empty range, or one so narrow its step underflows: as the kernel
+        return 0.0
     zp = min(max(math.floor(-a / step + 0.5), 0.0), levels)
     low, high = -zp * step, (levels - zp) * step
     u = lo + np.arange(h.size) * width

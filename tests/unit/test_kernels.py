@@ -199,6 +199,13 @@ def test_range_mse_matches_numpy(h: tuple, a: float, b: float, bits: int) -> Non
     assert got == pytest.approx(want, rel=1e-7, abs=1e-12 * (h[2] - h[1]) ** 2)
 
 
+def test_range_mse_of_a_range_whose_step_underflows_is_zero_in_both() -> None:
+    """[-5e-324, 0]: the step (range / levels) rounds to 0; hypothesis found the NumPy twin
+    dividing by it while the kernel returned 0."""
+    hist = (np.ones(4), -1.0, 1.0)
+    assert k.range_mse(*hist, -5e-324, 0.0, 8) == k.range_mse_numpy(*hist, -5e-324, 0.0, 8) == 0.0
+
+
 @pytest.mark.parametrize(("a", "b", "bits"), [(-2.0, 3.0, 4), (0.0, 1.5, 8), (-1.2, 1.2, 8)])
 def test_range_mse_is_the_expected_fake_quantization_error(a: float, b: float, bits: int) -> None:
     rng = np.random.default_rng(5)
