@@ -8,7 +8,8 @@ The rule (docs/results.md, "The recommendation"):
 
 1. Candidates: the shown points within the size limit (``constraints.max_size_bytes``, and the
    profile's memory budget when ``constraints.memory_budget`` is on) that the target's
-   verification did not reject (``target_failure``).
+   verification did not reject (``target_failure``); for an accelerator profile, not the
+   points its toolchain placed wholly on the CPU (those are "keep it on the CPU" answers).
 2. With a metric constraint (``min_metric``, or FP32's held-out metric minus
    ``max_metric_drop``): the candidates whose whole 95 % interval meets it; if none, those whose
    held-out metric meets it; if none still, FP32 is the answer ("keep FP32: nothing quantized
@@ -55,8 +56,9 @@ def recommend(front: Front, limits: Limits) -> tuple[int | None, str]:
     """The index of the point to deploy (module doc) and the line saying so."""
     sign = 1.0 if front.higher_is_better else -1.0
     sized = [p for p in front.shown if limits.max_size is None or p.size <= limits.max_size]
-    candidates = [p for p in sized if p.target_failure is None]
-    if sized and not candidates:
+    candidates = [p for p in sized if p.target_failure is None
+                  and not (limits.accelerator and _all_on_cpu(p))]
+    if sized and not any(p.target_failure is None for p in sized):
         reasons = sorted({str(p.target_failure) for p in sized})
         return None, f"no verified point: {'; '.join(reasons)}; stopped: {limits.stop}"
     floor = _floor(front, limits)
@@ -79,6 +81,13 @@ def recommend(front: Front, limits: Limits) -> tuple[int | None, str]:
         return point.index, _keep_fp32(front, limits, floor, f"point {point.index} is FP32 "
                                        "itself")
     return point.index, recommendation_line(front, point, limits.stop)
+
+
+def _all_on_cpu(point: FrontPoint) -> bool:
+    """Whether the target's toolchain placed every node of ``point`` on the CPU (False when
+    the point was not placed)."""
+    placed = point.target_placement or {}
+    return bool(placed.get("nodes")) and not placed.get("on_accelerator")
 
 
 def _floor(front: Front, limits: Limits) -> float | None:

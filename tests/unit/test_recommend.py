@@ -173,6 +173,22 @@ def test_a_point_the_target_rejects_is_never_recommended() -> None:
                     "used")
 
 
+def test_a_point_wholly_on_the_cpu_is_no_accelerator_answer() -> None:
+    """For an accelerator profile a point its toolchain put wholly on the CPU is passed over;
+    when only such points meet the constraint, the answer is FP32 on the CPU."""
+    def placed(point: FrontPoint, on: int) -> FrontPoint:
+        return replace(point, target_placement={"toolchain": "vela", "nodes": 7,
+                                                "on_accelerator": on})
+    cpu, npu = placed(_point(0, 0.97, 200), 0), placed(_point(1, 0.97, 300), 7)
+    accelerator = Limits(max_metric_drop=0.02, accelerator=True)
+    assert recommend(_front(cpu, npu), accelerator)[0] == 1
+    assert recommend(_front(cpu, npu), Limits(max_metric_drop=0.02))[0] == 0  # a CPU target
+    index, line = recommend(_front(cpu), accelerator)
+    assert index is None
+    assert line.startswith("keep FP32 on the CPU: no point that runs on the accelerator meets "
+                           "accuracy >= 0.9500")
+
+
 def test_nothing_within_the_size_limit() -> None:
     index, line = recommend(_front(_point(0, 0.97, 300)), Limits(max_size=200))
     assert index is None
