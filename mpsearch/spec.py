@@ -490,6 +490,9 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
     if not os.path.isfile(file):
         raise SpecError(f"{file}: no such search spec; check the path")
     root = Section.root(load_yaml(file, SpecError), file, SpecError)
+    if "task" in root and root.data.get("task") == "language-model":
+        root.fail("task", "a language-model spec; run it with `mpsearch llm search "
+                  f"{file} --out RUN_DIR` (docs/llm.md)")
     root.check_keys(
         ("model", "profile", "data", "metric", "objectives", "constraints", "budget",
          "sampler", "seed", "storage", "study", "heartbeat", "calibration", "formats",

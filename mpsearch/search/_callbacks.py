@@ -14,7 +14,7 @@ import optuna
 from mpsearch.pareto import Point, dominated_flags, matched
 from mpsearch.progress import Progress, Reporter
 from mpsearch.search._score import FRONT_MARGIN_LATENCY, FRONT_MARGIN_RELATIVE
-from mpsearch.search._seeds import Group, compress, neighbor
+from mpsearch.search._seeds import Group, front_step
 from mpsearch.search._settings import SearchSettings
 
 __all__ = ["FINISHED", "FRONT_CHANGED", "Callback", "best_trials", "explore_callback",
@@ -45,17 +45,10 @@ def explore_callback(settings: SearchSettings, groups: Sequence[Group],
         front = best_trials(study)
         if waiting or not front or rng.random() >= settings.explore:
             return
-        sizes = [t.values[1] for t in front]
-        span = max(sizes) - min(sizes)
-        for _ in range(10):
-            point = front[int(rng.integers(len(front)))]
-            large = (point.values[1] - min(sizes)) / span if span > 0 else 0.0
-            move = compress if rng.random() < large else neighbor
-            levels = move(groups, {g.name: int(point.params[g.name]) for g in groups}, noise,
-                          rng)
-            if not evaluated(levels):
-                study.enqueue_trial(levels, user_attrs={"source": "front neighbour"})
-                return
+        points = [(t.values[1], {g.name: int(t.params[g.name]) for g in groups}) for t in front]
+        moved = front_step(points, groups, noise, rng, lambda levels: not evaluated(levels))
+        if moved is not None:
+            study.enqueue_trial(moved, user_attrs={"source": "front neighbour"})
 
     return callback
 

@@ -27,7 +27,7 @@ import numpy as np
 import optuna
 
 from mpsearch.pareto import dominated_flags
-from mpsearch.search._seeds import Group, Seed, compress, neighbor
+from mpsearch.search._seeds import Group, Seed, front_step
 from mpsearch.search._storage import make_sampler
 
 __all__ = ["LLMPoint", "LLMSearch", "search_choices"]
@@ -124,17 +124,14 @@ def _explorer(groups: Sequence[Group], cost: Mapping[tuple[str, str], float], ex
         front = [t for t in _front(study) if "levels" in t.user_attrs]
         if not front or rng.random() >= explore:
             return
-        sizes = [t.values[1] for t in front]
-        span = max(sizes) - min(sizes)
-        for _ in range(10):
-            point = front[int(rng.integers(len(front)))]
-            large = (point.values[1] - min(sizes)) / span if span > 0 else 0.0
-            levels = dict(zip((g.name for g in groups), point.user_attrs["levels"], strict=True))
-            move = compress if rng.random() < 0.5 * large else neighbor
-            moved = move(groups, levels, cost, rng)
-            if not seen(tuple(moved[g.name] for g in groups)):
-                study.enqueue_trial(moved, user_attrs={"source": "front neighbour"})
-                return
+        names = [g.name for g in groups]
+        points = [(t.values[1], dict(zip(names, t.user_attrs["levels"], strict=True)))
+                  for t in front]
+        moved = front_step(points, groups, cost, rng,
+                           lambda levels: not seen(tuple(levels[n] for n in names)),
+                           compress_weight=0.5)
+        if moved is not None:
+            study.enqueue_trial(moved, user_attrs={"source": "front neighbour"})
 
     return callback
 

@@ -20,8 +20,8 @@ from mpsearch.graph import ModelGraph
 from mpsearch.profiles import Format, HardwareProfile
 from mpsearch.progress import Progress, Reporter
 
-__all__ = ["MEASURE_ABOVE", "Group", "Seed", "compress", "group_costs", "group_nodes",
-           "knapsack", "neighbor", "seed_assignments"]
+__all__ = ["MEASURE_ABOVE", "Group", "Seed", "compress", "front_step", "group_costs",
+           "group_nodes", "knapsack", "neighbor", "seed_assignments"]
 
 #: A group's next format up is measured only when the format below costs at least this fraction
 #: of the largest lowest-format cost (see :func:`group_costs`).
@@ -276,3 +276,24 @@ def compress(
         if below <= threshold:
             moved[name] -= 1
     return moved
+
+
+def front_step(
+    front: Sequence[tuple[float, Mapping[str, int]]], groups: Sequence[Group],
+    cost: Mapping[tuple[str, str], float], rng: np.random.Generator,
+    unseen: Callable[[Mapping[str, int]], bool], *, compress_weight: float = 1.0,
+) -> dict[str, int] | None:
+    """An unseen configuration one move from a random front point ((size, format levels)
+    pairs), or None after ten tries: :func:`compress` with a probability rising from 0 at the
+    front's smallest point to ``compress_weight`` at its largest, else :func:`neighbor`.
+    Large points shed the promotions they do not need; small ones take single steps."""
+    sizes = [size for size, _ in front]
+    span = max(sizes) - min(sizes)
+    for _ in range(10):
+        size, levels = front[int(rng.integers(len(front)))]
+        large = (size - min(sizes)) / span if span > 0 else 0.0
+        move = compress if rng.random() < compress_weight * large else neighbor
+        moved = move(groups, levels, cost, rng)
+        if unseen(moved):
+            return moved
+    return None

@@ -86,6 +86,22 @@ def test_search_front_export_report(built: Path, tmp_path: Path,
     assert f"point {point['index']}: {point['bpw']:.3f} bits per weight" in page
 
 
+def test_the_shipped_spec_reads_and_search_points_to_llm(capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    from _paths import ROOT
+
+    from mpsearch.pipeline import load_llm_spec
+
+    path = ROOT / "searches" / "smollm2.yaml"
+    spec = load_llm_spec(path)
+    assert (spec.window, spec.windows, spec.menu) == (128, (8, 8, 16),
+                                                      ("w2b64a", "w4b128s", "w4b64s"))
+    assert main(["search", str(path), "--out", "unused"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"mpsearch: error: {path}:7: a language-model spec; run it with "
+                   f"`mpsearch llm search {path} --out RUN_DIR` (docs/llm.md)")
+
+
 @pytest.mark.parametrize(("case", "message"), [
     ("gguf", "a GGUF file, not ONNX"),
     ("empty", "empty"),
