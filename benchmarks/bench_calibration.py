@@ -49,6 +49,7 @@ import onnx
 
 from benchmarks._results import publish
 from mpsearch.testing import architectures
+from mpsearch.testing.peak import cli, read_peak
 
 ROOT = Path(__file__).resolve().parent
 
@@ -94,23 +95,6 @@ def _rss_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-#: Runs the CLI (arguments after the first) and, at exit, writes its own peak RSS (VmHWM, kB)
-#: to the file named first.
-_PEAK_WRAPPER = """
-import atexit, sys
-peak_file = sys.argv[1]
-sys.argv = ["mpsearch", *sys.argv[2:]]
-
-def _peak():
-    with open("/proc/self/status") as f:
-        hwm = next(line for line in f if line.startswith("VmHWM:"))
-    with open(peak_file, "w") as f:
-        f.write(hwm.split()[1])
-
-atexit.register(_peak)
-from mpsearch.cli import main
-sys.exit(main())
-"""
 
 
 def _batches(x: np.ndarray, size: int) -> list[dict[str, np.ndarray]]:
@@ -176,11 +160,11 @@ def job_cli(model: str, data: str, method: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as out:
         peak = Path(out) / "peak"
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", _PEAK_WRAPPER, str(peak), "calibrate", model,
-                        "--data", data, "--out", str(Path(out) / "table"), "--method", method],
+        subprocess.run(cli(peak, "calibrate", model, "--data", data, "--out",
+                           str(Path(out) / "table"), "--method", method),
                        check=True, capture_output=True)
         seconds = time.perf_counter() - start
-        child = int(peak.read_text()) / 1024.0
+        child = read_peak(peak) / 1024.0
     return {"seconds": seconds, "command_rss_mb": child, "method": method}
 
 
