@@ -75,6 +75,11 @@ def _export(args: argparse.Namespace) -> int:
           f"(front: {_ci(record['front_held_out']['perplexity'], 2)}); greedy continuations "
           f"agree with FP32 on {greedy['agreed']} of {greedy['tokens']} tokens "
           f"({greedy['share']:.0%}), {greedy['identical']} of {greedy['prompts']} identical")
+    timed = record["latency"]
+    mine, fp32 = timed["exported"], timed["fp32"]
+    print(f"prefill of {timed['prompt']} tokens: {mine['prefill_tokens_per_s']:.0f} tokens/s "
+          f"(FP32 {fp32['prefill_tokens_per_s']:.0f}); decode {mine['decode_ms_per_token']:.2f}"
+          f" ms/token (FP32 {fp32['decode_ms_per_token']:.2f}), batch 1 on this CPU")
     return 0
 
 

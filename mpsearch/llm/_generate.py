@@ -126,21 +126,25 @@ def agreement(reference: Sequence[Sequence[int]], other: Sequence[Sequence[int]]
     return Agreement(prompts=len(reference), tokens=tokens, agreed=agreed, identical=identical)
 
 
-def llm_latency(session: Session, model: LanguageModel, prompt: Sequence[int], *,
-                span: float = 0.0) -> LLMLatency:
-    """Prefill of ``prompt`` and one decode step after it, timed interleaved in one clock."""
+def llm_latency(sessions: Sequence[Session], model: LanguageModel, prompt: Sequence[int], *,
+                span: float = 0.0) -> tuple[LLMLatency, ...]:
+    """Prefill of ``prompt`` and one decode step after it, for each of ``sessions`` (models
+    with ``model``'s inputs: FP32 and an export, say), every run interleaved in one clock."""
     ids = np.asarray(prompt, np.int64)[None]
     prefill = _step(model, ids, 0, {})
-    if model.past:
-        pairs = _presents(model, session)
-        result = session.run(prefill, [present for _, present in pairs])
-        past = {name: result[present] for name, present in pairs}
-        decode = _step(model, ids[:, -1:], ids.shape[1], past)
-    else:
-        decode = model.feeds(np.concatenate([ids, ids[:, -1:]], axis=1))
+    feeds: list[dict[str, np.ndarray]] = []
+    for session in sessions:
+        if model.past:
+            pairs = _presents(model, session)
+            result = session.run(prefill, [present for _, present in pairs])
+            past = {name: result[present] for name, present in pairs}
+            feeds += [prefill, _step(model, ids[:, -1:], ids.shape[1], past)]
+        else:
+            feeds += [prefill, model.feeds(np.concatenate([ids, ids[:, -1:]], axis=1))]
     outputs = [model.logits]
-    first, second = time_runs([lambda f: session.run(f, outputs)] * 2, [prefill, decode],
-                              span=span)
-    return LLMLatency(prompt=ids.shape[1], prefill_s=first.seconds,
-                      prefill_spread=(first.low, first.high), decode_s=second.seconds,
-                      decode_spread=(second.low, second.high))
+    runs = [(lambda f, s=s: s.run(f, outputs)) for s in sessions for _ in range(2)]
+    timed = time_runs(runs, feeds, span=span)
+    return tuple(LLMLatency(prompt=ids.shape[1], prefill_s=first.seconds,
+                            prefill_spread=(first.low, first.high), decode_s=second.seconds,
+                            decode_spread=(second.low, second.high))
+                 for first, second in zip(timed[::2], timed[1::2], strict=True))

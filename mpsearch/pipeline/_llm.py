@@ -48,7 +48,7 @@ from mpsearch.llm import (
 from mpsearch.llm._choices import Choice, WeightBank
 from mpsearch.llm._export import export_weight_only
 from mpsearch.llm._formats import parse_format
-from mpsearch.llm._generate import agreement, greedy
+from mpsearch.llm._generate import LLMLatency, agreement, greedy, llm_latency
 from mpsearch.llm._metrics import Estimate
 from mpsearch.rundir import read_llm_front
 from mpsearch.runtime import create_session
@@ -163,6 +163,13 @@ def _spec_from(record: Mapping[str, Any]) -> LLMSpec:
     return LLMSpec(**values)
 
 
+def _latency(timed: LLMLatency) -> dict[str, Any]:
+    return {"prefill_tokens_per_s": timed.prefill_tokens_per_s,
+            "prefill_ms": [1e3 * timed.prefill_s, *(1e3 * v for v in timed.prefill_spread)],
+            "decode_ms_per_token": timed.decode_ms_per_token,
+            "decode_ms": [1e3 * timed.decode_s, *(1e3 * v for v in timed.decode_spread)]}
+
+
 def _formats(assignment: Mapping[str, Choice]) -> dict[str, str]:
     return {key: choice.label for key, choice in assignment.items()}
 
@@ -244,8 +251,9 @@ def llm_search_run(spec: LLMSpec, run_dir: str | os.PathLike[str],
 def llm_export(run_dir: str | os.PathLike[str], point: int, out: str | os.PathLike[str],
                *, prompts: Sequence[str] = PROMPTS) -> dict[str, Any]:
     """Write point ``point`` of ``run_dir`` as an ONNX model with MatMulNBits weights at
-    ``out``, re-score it on the held-out windows and compare its greedy continuations of
-    ``prompts`` with FP32's; returns what it measured (also in ``out``'s ``.json`` beside)."""
+    ``out``, re-score it on the held-out windows, compare its greedy continuations of
+    ``prompts`` with FP32's and time both models' prefill of a held-out window and one decode
+    step after it; returns what it measured (also in ``out``'s ``.json`` beside)."""
     front = read_llm_front(run_dir)
     chosen = next((p for p in front["points"] if p["index"] == point), None)
     if chosen is None:
@@ -270,11 +278,15 @@ def llm_export(run_dir: str | os.PathLike[str], point: int, out: str | os.PathLi
     reference = [greedy(fp32, model, p, spec.generate) for p in ids]
     mine = [greedy(session, model, p, spec.generate) for p in ids]
     agreed = agreement(reference, mine)
+    prompt = [int(t) for t in stage.windows.heldout[0]]
+    ours, theirs = llm_latency([session, fp32], model, prompt, span=2.0)
     record = {"point": point, "file": str(target), "bytes": target.stat().st_size,
               "bpw": chosen["bpw"], "held_out": scores, "front_held_out": {
                   k: chosen[k] for k in ("perplexity", "kl", "top1")},
               "greedy": {"prompts": agreed.prompts, "tokens": agreed.tokens,
                          "agreed": agreed.agreed, "identical": agreed.identical,
-                         "share": agreed.share}}
+                         "share": agreed.share},
+              "latency": {"prompt": len(prompt), "exported": _latency(ours),
+                          "fp32": _latency(theirs)}}
     target.with_suffix(".json").write_text(json.dumps(record, indent=1))
     return record

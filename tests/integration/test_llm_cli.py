@@ -78,7 +78,17 @@ def test_search_front_export_report(built: Path, tmp_path: Path,
     assert abs(ppl - front_ppl) <= 0.01 * front_ppl, (ppl, front_ppl)
     greedy = record["greedy"]
     assert greedy["tokens"] == 6 * 16 and 0 <= greedy["agreed"] <= greedy["tokens"]
-    assert "greedy continuations agree with FP32 on" in capsys.readouterr().out
+    timed = record["latency"]
+    assert timed["prompt"] == 48
+    for side in ("exported", "fp32"):
+        low, median, high = timed[side]["decode_ms"][1], timed[side]["decode_ms"][0], \
+            timed[side]["decode_ms"][2]
+        assert low <= median <= high
+        assert timed[side]["prefill_tokens_per_s"] == pytest.approx(
+            48 / (timed[side]["prefill_ms"][0] / 1e3))
+    printed = capsys.readouterr().out
+    assert "greedy continuations agree with FP32 on" in printed
+    assert "prefill of 48 tokens: " in printed
 
     assert main(["llm", "report", str(run)]) == 0
     page = (run / "report.html").read_text()

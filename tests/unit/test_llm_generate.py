@@ -86,9 +86,12 @@ def test_exported_w8_agrees_more_than_w2(model: LanguageModel, session: Session,
 def test_latency_times_prefill_and_one_decode_step(model: LanguageModel,
                                                    session: Session) -> None:
     prompt = _prompts(model)[0] * 4
-    timed = llm_latency(session, model, prompt)
-    assert timed.prompt == len(prompt)
-    assert timed.prefill_spread[0] <= timed.prefill_s <= timed.prefill_spread[1]
-    assert timed.decode_spread[0] <= timed.decode_s <= timed.decode_spread[1]
-    assert timed.prefill_tokens_per_s == pytest.approx(len(prompt) / timed.prefill_s)
-    assert timed.decode_ms_per_token == pytest.approx(1e3 * timed.decode_s)
+    other = create_session(str(model.path), threads=1)
+    timings = llm_latency([session, other], model, prompt)
+    assert len(timings) == 2
+    for timed in timings:
+        assert timed.prompt == len(prompt)
+        assert timed.prefill_spread[0] <= timed.prefill_s <= timed.prefill_spread[1]
+        assert timed.decode_spread[0] <= timed.decode_s <= timed.decode_spread[1]
+        assert timed.prefill_tokens_per_s == pytest.approx(len(prompt) / timed.prefill_s)
+        assert timed.decode_ms_per_token == pytest.approx(1e3 * timed.decode_s)
