@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["format_bytes", "latency_words", "measurably_slower", "speed_at", "versus_fp32"]
+__all__ = ["format_bytes", "formats_text", "latency_words", "measurably_slower", "speed_at",
+           "versus_fp32"]
 
 Spread = tuple[float, float]
 
@@ -36,6 +37,11 @@ def format_bytes(size: float) -> str:
             return f"{size / scale:.3g} {unit}" if size < 100 * scale else \
                 f"{size / scale:.0f} {unit}"
     return f"{size:.0f} B"
+
+
+def formats_text(counts: Mapping[str, int]) -> str:
+    """Node counts by format, as every table prints them: "a16w16 2, int16 17, int8 2"."""
+    return ", ".join(f"{fmt} {n}" for fmt, n in sorted(counts.items()))
 
 
 def versus_fp32(relative: float | None) -> str:

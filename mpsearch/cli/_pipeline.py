@@ -9,7 +9,14 @@ from typing import Any
 from mpsearch.cli._output import search_dir
 from mpsearch.cli._progress import BarProgress
 from mpsearch.errors import EXIT_NO_VERIFIED_POINT
-from mpsearch.rundir import Baseline, Front, FrontPoint, format_bytes, versus_fp32
+from mpsearch.rundir import (
+    Baseline,
+    Front,
+    FrontPoint,
+    format_bytes,
+    formats_text,
+    versus_fp32,
+)
 
 __all__ = ["add_pipeline_parsers"]
 
@@ -54,8 +61,7 @@ def _front_table(front: Front, show_all: bool) -> None:
         words = front.latency_words(item) if item is not front.fp32 else ""
         print(f"{line}  {words}".rstrip())
         if isinstance(item, FrontPoint):
-            print(f"{'':<{width}} formats: "
-                  + ", ".join(f"{k} {v}" for k, v in sorted(item.counts.items())))
+            print(f"{'':<{width}} formats: {formats_text(item.counts)}")
 
 
 def _quantize(args: argparse.Namespace) -> int:

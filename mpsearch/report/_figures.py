@@ -18,7 +18,7 @@ from mpsearch.report._page import axis as _axis
 from mpsearch.report._page import layout as _layout
 from mpsearch.report._page import node_axis as _node_axis
 from mpsearch.report._page import rounded as _r
-from mpsearch.rundir import latency_words
+from mpsearch.rundir import formats_text, latency_words
 
 __all__ = ["figure_curve", "figure_distribution", "figure_flops", "figure_front",
            "figure_op_types", "figure_reverse", "figure_sensitivity"]
@@ -316,7 +316,7 @@ def figure_curve(orders: Mapping[str, Sequence[Mapping[str, Any]]], metric: str,
 
 # -- Pareto front ----------------------------------------------------------------------------
 def _assignment_hover(point: Mapping[str, Any]) -> str:
-    counts = ", ".join(f"{esc(f)} {n}" for f, n in sorted(point.get("counts", {}).items()))
+    counts = esc(formats_text(point.get("counts", {})))
     assignment = point.get("assignment", {})
     differs = list(point.get("differs_from_int8", ()))
     lines = [f"<b>point {esc(point.get('index'))}</b> (trial {esc(point.get('trial'))})",

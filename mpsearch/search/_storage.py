@@ -24,6 +24,7 @@ from sqlalchemy import create_engine, inspect
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from mpsearch._io import JSON_MEMORY, parse_json
+from mpsearch._wording import formats_text
 from mpsearch.errors import SearchError
 from mpsearch.search._settings import SearchSettings
 
@@ -374,4 +375,4 @@ def _formats_text(assignment: object) -> str:
     counts: dict[str, int] = {}
     for fmt in assignment.values():
         counts[str(fmt)] = counts.get(str(fmt), 0) + 1
-    return ", ".join(f"{fmt} {n}" for fmt, n in sorted(counts.items()))
+    return formats_text(counts)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mpsearch.rundir import formats_text
 from mpsearch.serve._frontview import (
     baselines,
     failure,
@@ -64,7 +65,7 @@ def _latency_cell(entry: Mapping[str, Any], fp32: Mapping[str, Any], front: Mapp
 
 
 def _counts(p: Mapping[str, Any]) -> str:
-    return ", ".join(f"{f} {n}" for f, n in sorted((p.get("counts") or {}).items()))
+    return formats_text(p.get("counts") or {})
 
 
 def _row(job_id: str, p: Mapping[str, Any], file: int | None, fp32: Mapping[str, Any],

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from mpsearch.rundir import RunDir, read_json
+from mpsearch.rundir import RunDir, formats_text, read_json
 from mpsearch.serve._frontview import is_shown, recommendation
 from mpsearch.serve._pages import bytes_text
 
@@ -88,8 +88,7 @@ def _formats(front: Mapping[str, Any]) -> str:
     if not isinstance(k, int) or not 0 <= k < len(points):
         return "-"
     counts = points[k].get("counts") or {}
-    return (f"point {points[k].get('index', k)}: "
-            + ", ".join(f"{f} {n}" for f, n in sorted(counts.items())))
+    return f"point {points[k].get('index', k)}: {formats_text(counts)}"
 
 
 def _duration(job: Any) -> str:
