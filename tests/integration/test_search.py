@@ -139,11 +139,10 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # The demo loses INT8 accuracy by construction on every CPU; x86_ort_auto keeps ORT's fused
     # int8 kernels exact on this machine (x86_ort with VNNI, x86_ort_avx2 without).
     # Metric and size (the default adds latency where it is timed: a noisy third objective
-    # these checks of the front's shape leave out); recovery off: with the default (auto) GPTQ
-    # and bias correction bring the demo's INT8 to FP32's accuracy
-    # (tests/unit/test_recovery_auto.py covers that path)
+    # these checks of the front's shape leave out); the default recovery (auto), which leaves
+    # the demo's outlier weights in place (tests/fixtures/build_demo.py)
     spec = _spec(tmp, model="demo", profile="x86_ort_auto",
-                 extra="objectives: [metric, size]\nrecovery: off\n")
+                 extra="objectives: [metric, size]\n")
     run = search_run(load_spec(spec), tmp / "run")
     assert run.front.points
     return run.run_dir
