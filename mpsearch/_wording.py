@@ -15,11 +15,11 @@ FP32 reads the same wherever it is shown because every place calls :func:`latenc
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["format_bytes", "formats_text", "latency_words", "measurably_slower", "speed_at",
-           "versus_fp32"]
+__all__ = ["estimate_text", "format_bytes", "formats_text", "latency_words", "measurably_slower",
+           "speed_at", "versus_fp32"]
 
 Spread = tuple[float, float]
 
@@ -37,6 +37,13 @@ def format_bytes(size: float) -> str:
             return f"{size / scale:.3g} {unit}" if size < 100 * scale else \
                 f"{size / scale:.0f} {unit}"
     return f"{size:.0f} B"
+
+
+def estimate_text(estimate: Sequence[float], digits: int) -> str:
+    """An estimate and its 95 % interval, ``[mean, low, high]``, as every table prints it:
+    "18.19 [14.76, 22.41]"."""
+    mean, low, high = estimate
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
 def formats_text(counts: Mapping[str, int]) -> str:

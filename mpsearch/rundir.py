@@ -23,15 +23,21 @@ from pathlib import Path
 from typing import Any
 
 from mpsearch._io import atomic_write, load_json, read_text, write_json
-from mpsearch._wording import format_bytes, formats_text, latency_words, speed_at, versus_fp32
+from mpsearch._wording import (
+    estimate_text,
+    format_bytes,
+    formats_text,
+    latency_words,
+    speed_at,
+    versus_fp32,
+)
 from mpsearch.errors import SearchError
 from mpsearch.spec import SearchSpec
 
 __all__ = ["Baseline", "Front", "FrontPoint", "MeasurementCache", "RunDir", "atomic_write",
-           "read_llm_front",
-           "check_measurements", "format_bytes", "formats_text", "latency_words", "load_json",
-           "load_run_json", "read_json", "speed_at",
-           "versus_fp32", "write_json"]
+           "check_measurements", "estimate_text", "format_bytes", "formats_text",
+           "latency_words", "load_json", "load_run_json", "read_json", "read_llm_front",
+           "speed_at", "versus_fp32", "write_json"]
 
 logger = logging.getLogger(__name__)
 

@@ -35,17 +35,15 @@ def add_llm_parser(subparsers: Any) -> None:
     report.set_defaults(func=_report)
 
 
-def _ci(row: list[float], digits: int) -> str:
-    return f"{row[0]:.{digits}f} [{row[1]:.{digits}f}-{row[2]:.{digits}f}]"
-
-
 def _print_front(front: dict[str, Any]) -> None:
+    from mpsearch.rundir import estimate_text
+
     print(f"{'':<22} {'bits/w':>7} {'held-out perplexity':>22} {'KL to FP32':>24}")
     entries = [("FP32", front["fp32"])] + [(b["name"], b) for b in front["baselines"]] + [
         (f"point {p['index']}", p) for p in front["points"]]
     for name, e in entries:
-        print(f"{name:<22} {e['bpw']:>7.3f} {_ci(e['perplexity'], 2):>22} "
-              f"{_ci(e['kl'], 4):>24}")
+        print(f"{name:<22} {e['bpw']:>7.3f} {estimate_text(e['perplexity'], 2):>22} "
+              f"{estimate_text(e['kl'], 4):>24}")
 
 
 def _search(args: argparse.Namespace) -> int:
@@ -67,13 +65,14 @@ def _front(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from mpsearch.pipeline import llm_export
+    from mpsearch.rundir import estimate_text
 
     record = llm_export(args.run_dir, args.point, args.out)
     greedy = record["greedy"]
     print(f"wrote {record['file']} ({record['bytes']:,} B, {record['bpw']:.3f} bits per "
-          f"weight); held-out perplexity {_ci(record['held_out']['perplexity'], 2)} "
-          f"(front: {_ci(record['front_held_out']['perplexity'], 2)}); greedy continuations "
-          f"agree with FP32 on {greedy['agreed']} of {greedy['tokens']} tokens "
+          f"weight); held-out perplexity {estimate_text(record['held_out']['perplexity'], 2)} "
+          f"(front: {estimate_text(record['front_held_out']['perplexity'], 2)}); greedy "
+          f"continuations agree with FP32 on {greedy['agreed']} of {greedy['tokens']} tokens "
           f"({greedy['share']:.0%}), {greedy['identical']} of {greedy['prompts']} identical")
     timed = record["latency"]
     mine, fp32 = timed["exported"], timed["fp32"]

@@ -16,15 +16,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mpsearch.rundir import read_llm_front
+from mpsearch.rundir import estimate_text, read_llm_front
 
 __all__ = ["write_llm_report"]
 
 _ROLES = ("q", "k", "v", "o", "gate", "up", "down")
-
-
-def _ci(row: Sequence[float], digits: int) -> str:
-    return f"{row[0]:.{digits}f} [{row[1]:.{digits}f}, {row[2]:.{digits}f}]"
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -79,8 +75,9 @@ def write_llm_report(run_dir: str | os.PathLike[str],
 
     front = read_llm_front(run_dir)
     target = Path(out) if out is not None else Path(run_dir) / "report.html"
-    rows = [[name, f"{e['bpw']:.3f}", e["bytes"], _ci(e["perplexity"], 2), _ci(e["kl"], 4),
-             _ci(e["top1"], 3), "" if e.get("search_kl") is None else f"{e['search_kl']:.4f}"]
+    rows = [[name, f"{e['bpw']:.3f}", e["bytes"], estimate_text(e["perplexity"], 2),
+             estimate_text(e["kl"], 4), estimate_text(e["top1"], 3),
+             "" if e.get("search_kl") is None else f"{e['search_kl']:.4f}"]
             for name, e in _entries(front)]
     sensitivity = [[s["weight"], *(f"{f}: {v:.4f}" for f, v in s["kl"].items())]
                    for s in sorted(front["sensitivity"], key=lambda s: -max(s["kl"].values()))]
