@@ -51,10 +51,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import resource
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -412,32 +413,38 @@ def _goal(row: Row, limit: float, wall: bool = False) -> str:
             f"time), goal <= {limit:.0f}: {'met' if value <= limit else '**not met**'}")
 
 
-def small_rows(args: argparse.Namespace, tmp: Path) -> tuple[list[Row], list[str]]:
-    """The small-data searches: each ``--small`` corpus model at each ``--sizes``."""
-    rows, notes = [], []
-    for key in args.small:
-        for samples in args.sizes:
-            spec = parts.small_spec(key, samples, args.trials, tmp)
-            rows.append(bench(f"{key} ({samples} samples)", spec, samples))
-            notes += [_goal(rows[-1], parts.MAX_PASSES), _note(rows[-1])]
-            print(rows[-1].line(), flush=True)
-    return rows, notes
+def small_row(args: argparse.Namespace, key: str, samples: int, tmp: Path
+              ) -> tuple[list[Row], list[str]]:
+    """One small-data search: corpus model ``key`` at ``samples`` samples."""
+    row = bench(f"{key} ({samples} samples)", parts.small_spec(key, samples, args.trials, tmp),
+                samples)
+    print(row.line(), flush=True)
+    return [row], [_goal(row, parts.MAX_PASSES), _note(row)]
 
 
-def qnn_rows(args: argparse.Namespace, tmp: Path) -> tuple[list[Row], list[str]]:
-    """Each ``--qnn`` corpus model under qnn_htp with ``verify: front``, ``--qnn-trials``."""
-    rows, notes = [], []
-    for key in args.qnn:
-        spec, samples = parts.qnn_spec(key, args.qnn_trials, tmp)
-        rows.append(bench(f"{key} (qnn_htp, verify: front, {args.qnn_trials} trials)", spec,
-                          samples))
-        shown = rows[-1].front.shown
-        rejected = sum(p.target_failure is not None for p in shown)
-        notes += [_goal(rows[-1], parts.MAX_QNN_S, wall=True)
-                  + f"; {len(shown)} shown points verified, {rejected} rejected by the target",
-                  _note(rows[-1])]
-        print(rows[-1].line(), flush=True)
-    return rows, notes
+def qnn_row(args: argparse.Namespace, key: str, tmp: Path) -> tuple[list[Row], list[str]]:
+    """Corpus model ``key`` under qnn_htp with ``verify: front``, ``--qnn-trials`` trials."""
+    spec, samples = parts.qnn_spec(key, args.qnn_trials, tmp)
+    row = bench(f"{key} (qnn_htp, verify: front, {args.qnn_trials} trials)", spec, samples)
+    shown = row.front.shown
+    rejected = sum(p.target_failure is not None for p in shown)
+    print(row.line(), flush=True)
+    return [row], [_goal(row, parts.MAX_QNN_S, wall=True) + f"; {len(shown)} shown points "
+                   f"verified, {rejected} rejected by the target", _note(row)]
+
+
+Job = Callable[[], tuple[list[Row], list[str]]]
+
+
+def jobs(args: argparse.Namespace, tmp: Path) -> list[Job]:
+    """The runs in the order they are measured: the small-data runs at the first size, the
+    qnn runs, the ``--models`` runs, the small-data runs at the other sizes."""
+    small = [functools.partial(small_row, args, key, samples, tmp)
+             for samples in args.sizes for key in args.small]
+    first = len(args.small)
+    qnn = [functools.partial(qnn_row, args, key, tmp) for key in args.qnn]
+    models = [functools.partial(imagenet_rows, args, tmp)] if args.models else []
+    return [*small[:first], *qnn, *models, *small[first:]]
 
 
 def imagenet_rows(args: argparse.Namespace, tmp: Path) -> tuple[list[Row], list[str]]:
@@ -489,16 +496,24 @@ def main() -> None:
                         help="print only; do not write benchmarks/results/bench_pipeline.md")
     args = parser.parse_args()
     command = command_line()
-    rows, notes = [], []
+    extras = "" if args.no_extras else (  # quick: first, so a partial file has them
+        "\n" + parts.calibration_section() + "\n" + parts.startup_section())
+    rows: list[Row] = []
+    notes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for part in (small_rows, qnn_rows, imagenet_rows):
-            more, lines = part(args, Path(tmp))
+        runs = jobs(args, Path(tmp))
+        for done, job in enumerate(runs, 1):
+            more, lines = job()
             rows += more
             notes += lines
-    extras = "" if args.no_extras else (
-        "\n" + parts.calibration_section() + "\n" + parts.startup_section())
-    publish("bench_pipeline", "## Whole search\n\n" + table(rows, command) + "\n"
-            + "\n".join(notes) + "\n" + extras, write=not args.no_write)
+            left = len(runs) - done  # the file is rewritten after each run
+            status = (f"\n(Partial: written after {done} of the command's {len(runs)} runs; "
+                      "the others had not finished.)\n" if left else "")
+            publish("bench_pipeline", "## Whole search\n\n" + table(rows, command) + "\n"
+                    + "\n".join(notes) + "\n" + status + extras, write=not args.no_write,
+                    echo=not left)
+    if not runs:
+        publish("bench_pipeline", extras or "Nothing was asked.\n", write=not args.no_write)
 
 
 if __name__ == "__main__":
