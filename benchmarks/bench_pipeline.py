@@ -502,18 +502,20 @@ def main() -> None:
     notes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         runs = jobs(args, Path(tmp))
-        for done, job in enumerate(runs, 1):
-            more, lines = job()
-            rows += more
-            notes += lines
-            left = len(runs) - done  # the file is rewritten after each run
+        for done in range(len(runs) + 1):  # the file is rewritten after each run
+            if done:
+                more, lines = runs[done - 1]()
+                rows += more
+                notes += lines
+            elif runs:
+                continue
+            left = len(runs) - done
             status = (f"\n(Partial: written after {done} of the command's {len(runs)} runs; "
                       "the others had not finished.)\n" if left else "")
-            publish("bench_pipeline", "## Whole search\n\n" + table(rows, command) + "\n"
-                    + "\n".join(notes) + "\n" + status + extras, write=not args.no_write,
+            searches = ("## Whole search\n\n" + table(rows, command) + "\n"
+                        + "\n".join(notes) + "\n" if rows else "")
+            publish("bench_pipeline", searches + status + extras, write=not args.no_write,
                     echo=not left)
-    if not runs:
-        publish("bench_pipeline", extras or "Nothing was asked.\n", write=not args.no_write)
 
 
 if __name__ == "__main__":
