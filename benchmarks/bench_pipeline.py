@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import logging
 import resource
 import tempfile
 import time
@@ -473,6 +474,18 @@ def imagenet_rows(args: argparse.Namespace, tmp: Path) -> tuple[list[Row], list[
     return rows, notes
 
 
+def _attempt(job: Job) -> tuple[list[Row], list[str]]:
+    """``job``'s rows and notes; a run that fails is a note with its error (the other runs
+    of the command go on)."""
+    try:
+        return job()
+    except Exception as e:  # a crash is a result of the benchmark, not the end of it
+        args = getattr(job, "args", ())
+        what = " ".join(str(a) for a in args[1:] if not isinstance(a, Path)) or "run"
+        logging.getLogger(__name__).exception("%s failed", what)
+        return [], [f"- {what}: **failed**: {type(e).__name__}: {str(e)[:300]}"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=["mobilenetv2_imagenet"],
@@ -504,7 +517,7 @@ def main() -> None:
         runs = jobs(args, Path(tmp))
         for done in range(len(runs) + 1):  # the file is rewritten after each run
             if done:
-                more, lines = runs[done - 1]()
+                more, lines = _attempt(runs[done - 1])
                 rows += more
                 notes += lines
             elif runs:
