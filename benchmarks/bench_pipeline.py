@@ -103,7 +103,8 @@ class PhaseClock:
         _peak_mb(reset=True)
 
     def __call__(self, progress: Progress) -> None:
-        stage = "curves" if progress.stage.startswith("curve") else progress.stage
+        stage = next((s for s in ("curves", "sensitivity") if progress.stage.startswith(s[:5])),
+                     progress.stage)  # "curve (int8)", "sensitivity (int16)": one phase
         if not self.starts or self.starts[-1][0] != stage:
             self._close(self.starts[-1][0] if self.starts else "prepare")
             self.starts.append((stage, time.perf_counter()))
