@@ -508,6 +508,8 @@ def main() -> None:
                              "(bare: off)")
     parser.add_argument("--no-write", action="store_true",
                         help="print only; do not write benchmarks/results/bench_pipeline.md")
+    parser.add_argument("--part", help="write bench_pipeline_PART.md instead (a subset of "
+                        "the runs measured beside another command)")
     args = parser.parse_args()
     command = command_line()
     extras = "" if args.no_extras else (  # quick: first, so a partial file has them
@@ -528,7 +530,8 @@ def main() -> None:
                       "the others had not finished.)\n" if left else "")
             searches = ("## Whole search\n\n" + table(rows, command) + "\n"
                         + "\n".join(notes) + "\n" if rows else "")
-            publish("bench_pipeline", searches + status + extras, write=not args.no_write,
+            publish(f"bench_pipeline{'_' + args.part if args.part else ''}",
+                    searches + status + extras, write=not args.no_write,
                     echo=not left)
 
 
