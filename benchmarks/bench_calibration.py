@@ -446,6 +446,21 @@ def main() -> None:
         print(line)
 
 
+def command_table(model: str = "resnet18", samples: int = 256, method: str = "entropy"
+                  ) -> tuple[str, str]:
+    """The ``mpsearch calibrate`` row and its FP32 pass for one N, each in its own process
+    (as ``--jobs cli --samples N``): a description of the model and data, and the table."""
+    args = argparse.Namespace(batch_size=8, threads=2, method=method)
+    with tempfile.TemporaryDirectory(prefix="bench_calibration_") as tmp:
+        path = Path(tmp) / "model.onnx"
+        described = build_model(model, path)
+        x, data_described = build_data(samples)
+        data = Path(tmp) / "data.npy"
+        np.save(data, x)
+        results = {samples: {job: run_job(job, path, data, args) for job in ("fp32", "cli")}}
+    return f"model: {described}; data: {data_described}; {method}", table(results)
+
+
 def table(results: dict[int, dict[str, dict[str, Any]]]) -> str:
     rows = ["| N | calibrator | method | wall s | x FP32 pass | peak RSS MB | RSS - data MB |",
             "|---|---|---|---|---|---|---|"]

@@ -1,7 +1,16 @@
 """A whole ``mpsearch search`` on real models, in FP32 passes: what a new user waits for.
 
     python -m benchmarks.bench_pipeline [--models mobilenetv2_imagenet efficientnet_lite0]
-                                        [--trials 100] [--samples 512] [--no-write]
+                                        [--small KEY ...] [--sizes 150 450] [--qnn KEY ...]
+                                        [--trials 100] [--samples 512] [--no-extras]
+                                        [--no-write]
+
+One command, one results file: the small-data searches (``--small`` corpus models, each at
+every ``--sizes`` sample count; goal <= 100 FP32 passes by wall time), the ``qnn_htp`` search
+with ``verify: front`` (``--qnn``, ``--qnn-trials`` trials; goal <= 10 minutes), the
+``--models`` searches, then calibration memory and CLI start-up (as ``bench_calibration`` and
+``bench_startup`` measure them; ``--no-extras`` leaves them out). The corpus runs are described
+in ``benchmarks/_pipeline_parts.py``; a bare ``--small``, ``--qnn`` or ``--models`` runs none.
 
 For each model: the default spec (calibration 256 samples, held-out half of the rest, the
 profile for this CPU, 100 trials, analysis for the report on) runs through
@@ -42,14 +51,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import logging
 import resource
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks import _pipeline_parts as parts
 from benchmarks._results import command_line, publish
 from mpsearch import host_int8_isa, load_data, load_model
 from mpsearch.pareto import SIZE_TIE, hypervolume
@@ -91,7 +103,8 @@ class PhaseClock:
         _peak_mb(reset=True)
 
     def __call__(self, progress: Progress) -> None:
-        stage = "curves" if progress.stage.startswith("curve") else progress.stage
+        stage = next((s for s in ("curves", "sensitivity") if progress.stage.startswith(s[:5])),
+                     progress.stage)  # "curve (int8)", "sensitivity (int16)": one phase
         if not self.starts or self.starts[-1][0] != stage:
             self._close(self.starts[-1][0] if self.starts else "prepare")
             self.starts.append((stage, time.perf_counter()))
@@ -176,7 +189,8 @@ class Row:
                 f"({self.passes(ph.get('recovery', 0.0))}) | "
                 f"{self.passes(analysis)} | {self.passes(ph.get('group costs', 0.0))} | "
                 f"{self.passes(ph.get('search', 0.0))} | "
-                f"{self.passes(ph.get('held-out', 0.0))} | {self.trials} | "
+                f"{self.passes(ph.get('held-out', 0.0))} | "
+                f"{self.passes(ph.get('verify', 0.0))} | {self.trials} | "
                 f"{self.evaluations} | {self.configs} | {self.fp32:.3f} / {self.int8:.3f} | "
                 + " / ".join(f"{self.best[k]:.3f}" for k in SIZE_LIMITS)
                 + f" | {self.points} |")
@@ -201,7 +215,7 @@ class Row:
 #: The phases of the tables, each the progress stages it spans.
 PHASES = {"calibrate": ("prepare", "calibrate"), "recovery": ("recovery",),
           "analysis": ("sensitivity", "reverse", "curves"), "group costs": ("group costs",),
-          "trials": ("search",), "held-out": ("held-out", "verify")}
+          "trials": ("search",), "held-out": ("held-out",), "verify": ("verify",)}
 
 #: "At <= x INT8 size" columns; sizes within the front's SIZE_TIE of a limit count as at it
 #: (uniform A16W8 is INT8's size plus a few bytes of 16-bit zero points).
@@ -323,11 +337,12 @@ def table(rows: Sequence[Row], command: str) -> str:
              "a raced trial counts once per stage it reached).", "",
              "| model | (node, format) rows | wall s | FP32 pass s | passes | passes (CPU time) | "
              "calibrate | recovery (passes) | "
-             "analysis | group costs | trials | held-out | trials run | trials evaluated | "
+             "analysis | group costs | trials | held-out | verify | trials run | "
+             "trials evaluated | "
              "configs | "
              "FP32 / INT8 (metric) | best at <= 1.00x / 1.15x / 1.25x INT8 size | "
              "front points |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [r.line() for r in rows]
     batches = ", ".join(f"{r.model} {r.front.latency_batch}" for r in rows)
     lines += ["", "Front points and baselines (held-out agreement with its 95 % Wilson "
@@ -383,46 +398,141 @@ def _real_models() -> dict[str, Path]:
     return real_models.ensure_real_models()
 
 
+def _note(row: Row) -> str:
+    """The process's peak RSS so far and the trials' own time split, for the notes."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    timing = ", ".join(f"{k} {v:.0f} s" for k, v in row.front.timing.items())
+    return (f"- {row.model}: peak RSS {rss:.0f} MB (the process's, after this model, with "
+            f"the FP32 reference passes over every sample); the trials' time: {timing}"
+            + (f"; {row.front.stopped}" if row.front.stopped else ""))
+
+
+def _goal(row: Row, limit: float, wall: bool = False) -> str:
+    """``row`` against its goal: at most ``limit`` FP32 passes by wall time (or seconds)."""
+    value = row.wall if wall else row.wall / row.unit
+    unit = "s" if wall else "FP32 passes by wall time"
+    return (f"- {row.model}: {value:.0f} {unit} ({row.cpu / row.cpu_unit:.0f} passes by CPU "
+            f"time), goal <= {limit:.0f}: {'met' if value <= limit else '**not met**'}")
+
+
+def small_row(args: argparse.Namespace, key: str, samples: int, tmp: Path
+              ) -> tuple[list[Row], list[str]]:
+    """One small-data search: corpus model ``key`` at ``samples`` samples."""
+    row = bench(f"{key} ({samples} samples)", parts.small_spec(key, samples, args.trials, tmp),
+                samples)
+    print(row.line(), flush=True)
+    return [row], [_goal(row, parts.MAX_PASSES), _note(row)]
+
+
+def qnn_row(args: argparse.Namespace, key: str, tmp: Path) -> tuple[list[Row], list[str]]:
+    """Corpus model ``key`` under qnn_htp with ``verify: front``, ``--qnn-trials`` trials."""
+    spec, samples = parts.qnn_spec(key, args.qnn_trials, tmp)
+    row = bench(f"{key} (qnn_htp, verify: front, {args.qnn_trials} trials)", spec, samples)
+    shown = row.front.shown
+    rejected = sum(p.target_failure is not None for p in shown)
+    print(row.line(), flush=True)
+    return [row], [_goal(row, parts.MAX_QNN_S, wall=True) + f"; {len(shown)} shown points "
+                   f"verified, {rejected} rejected by the target", _note(row)]
+
+
+Job = Callable[[], tuple[list[Row], list[str]]]
+
+
+def jobs(args: argparse.Namespace, tmp: Path) -> list[Job]:
+    """The runs in the order they are measured: the small-data runs at the first size, the
+    qnn runs, the ``--models`` runs, the small-data runs at the other sizes."""
+    small = [functools.partial(small_row, args, key, samples, tmp)
+             for samples in args.sizes for key in args.small]
+    first = len(args.small)
+    qnn = [functools.partial(qnn_row, args, key, tmp) for key in args.qnn]
+    models = [functools.partial(imagenet_rows, args, tmp)] if args.models else []
+    return [*small[:first], *qnn, *models, *small[first:]]
+
+
+def imagenet_rows(args: argparse.Namespace, tmp: Path) -> tuple[list[Row], list[str]]:
+    """The ``--models`` searches (ImageNet models on ``--samples`` photos, or corpus models at
+    their default 320 samples), with the ``--reference`` and ``--recovery`` comparisons."""
+    rows: list[Row] = []
+    notes: list[str] = []
+    if not args.models:
+        return rows, notes
+    paths = _real_models()
+    subset = tmp / "photos.npz"  # the first --samples photos, as the search sees them
+    with np.load(paths["photos"]) as archive:
+        np.savez(subset, input=archive["input"][: args.samples])
+    for name in args.models:
+        spec, samples = _spec(name, paths, subset, args, tmp)
+        rows.append(bench(name, spec, samples))
+        notes.append(_note(rows[-1]))
+        print(rows[-1].line(), flush=True)
+        if args.reference:
+            rows.append(bench(name, spec, samples, slow=True))
+            notes.append(compare(rows[-2], rows[-1]))
+        default = rows[-1 - args.reference]
+        for recovery in ([] if args.recovery is None else args.recovery or ["off"]):
+            rows.append(bench(name, spec, samples, recovery=recovery))
+            notes.append(compare_recovery(default, rows[-1]))
+    return rows, notes
+
+
+def _attempt(job: Job) -> tuple[list[Row], list[str]]:
+    """``job``'s rows and notes; a run that fails is a note with its error (the other runs
+    of the command go on)."""
+    try:
+        return job()
+    except Exception as e:  # a crash is a result of the benchmark, not the end of it
+        args = getattr(job, "args", ())
+        what = " ".join(str(a) for a in args[1:] if not isinstance(a, Path)) or "run"
+        logging.getLogger(__name__).exception("%s failed", what)
+        return [], [f"- {what}: **failed**: {type(e).__name__}: {str(e)[:300]}"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["mobilenetv2_imagenet"],
+    parser.add_argument("--models", nargs="*", default=["mobilenetv2_imagenet"],
                         help="real_models.py's ImageNet models and/or corpus.py keys")
+    parser.add_argument("--small", nargs="*", default=list(parts.SMALL),
+                        help="corpus keys searched at each --sizes (bare: none)")
+    parser.add_argument("--sizes", nargs="+", type=int, default=list(parts.SIZES))
+    parser.add_argument("--qnn", nargs="*", default=[parts.QNN],
+                        help="corpus keys searched under qnn_htp, verify: front (bare: none)")
+    parser.add_argument("--qnn-trials", type=int, default=30)
+    parser.add_argument("--no-extras", action="store_true",
+                        help="leave out calibration memory and CLI start-up")
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--reference", action="store_true",
-                        help="also run each search with every shortcut off and compare")
+                        help="also run each --models search with every shortcut off and compare")
     parser.add_argument("--recovery", nargs="*", choices=sorted(RECOVERIES), default=None,
-                        help="also run each search with these recovery settings (bare: off)")
+                        help="also run each --models search with these recovery settings "
+                             "(bare: off)")
     parser.add_argument("--no-write", action="store_true",
                         help="print only; do not write benchmarks/results/bench_pipeline.md")
+    parser.add_argument("--part", help="write bench_pipeline_PART.md instead (a subset of "
+                        "the runs measured beside another command)")
     args = parser.parse_args()
     command = command_line()
-    paths = _real_models()
-    data = Path(paths["photos"])
-    with tempfile.TemporaryDirectory() as tmp:  # the first --samples photos, as the search sees
-        subset = Path(tmp) / "photos.npz"
-        with np.load(data) as archive:
-            np.savez(subset, input=archive["input"][: args.samples])
-        rows, notes = [], []
-        for name in args.models:
-            spec, samples = _spec(name, paths, subset, args, Path(tmp))
-            rows.append(bench(name, spec, samples))
-            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            timing = rows[-1].front.timing
-            notes.append(f"- {name}: peak RSS {rss:.0f} MB (the process's, after this "
-                         "model, with the FP32 reference passes over every sample); "
-                         "the trials' time: " + ", ".join(
-                             f"{k} {v:.0f} s" for k, v in timing.items())
-                         + (f"; {rows[-1].front.stopped}" if rows[-1].front.stopped else ""))
-            if args.reference:
-                rows.append(bench(name, spec, samples, slow=True))
-                notes.append(compare(rows[-2], rows[-1]))
-            default = rows[-1 - args.reference]
-            for recovery in ([] if args.recovery is None else args.recovery or ["off"]):
-                rows.append(bench(name, spec, samples, recovery=recovery))
-                notes.append(compare_recovery(default, rows[-1]))
-    publish("bench_pipeline", "## Whole search\n\n" + table(rows, command) + "\n"
-            + "\n".join(notes) + "\n", write=not args.no_write)
+    extras = "" if args.no_extras else (  # quick: first, so a partial file has them
+        "\n" + parts.calibration_section() + "\n" + parts.startup_section())
+    rows: list[Row] = []
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = jobs(args, Path(tmp))
+        for done in range(len(runs) + 1):  # the file is rewritten after each run
+            if done:
+                more, lines = _attempt(runs[done - 1])
+                rows += more
+                notes += lines
+            elif runs:
+                continue
+            left = len(runs) - done
+            status = (f"\n(Partial: written after {done} of the command's {len(runs)} runs; "
+                      "the others had not finished.)\n" if left else "")
+            searches = ("## Whole search\n\n" + table(rows, command) + "\n"
+                        + "\n".join(notes) + "\n" if rows else "")
+            publish(f"bench_pipeline{'_' + args.part if args.part else ''}",
+                    searches + status + extras, write=not args.no_write,
+                    echo=not left)
 
 
 if __name__ == "__main__":

@@ -40,32 +40,39 @@ def _timed(command: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--no-write", action="store_true",
-                        help="print only; do not write benchmarks/results/bench_startup.md")
-    args = parser.parse_args()
+def startup_lines(repeat: int) -> list[str]:
+    """The start-up table: each command's median over ``repeat`` fresh processes beside the
+    anchor's, their ratio and the heavy modules the command loaded."""
     script = shutil.which("mpsearch")
     if script is None:
         raise SystemExit("the mpsearch console script is not on PATH; pip install -e . first")
     anchor = [sys.executable, "-c", "import onnxruntime, numba"]
-    lines = ["## CLI start-up", "",
-             f"Command: `python -m benchmarks.bench_startup --repeat {args.repeat}`; median of "
-             "fresh processes of the installed console script, each run interleaved with the "
-             "anchor `python -c \"import onnxruntime, numba\"`.", "",
-             "| command | median s | anchor median s | ratio | heavy modules loaded |",
+    lines = ["| command | median s | anchor median s | ratio | heavy modules loaded |",
              "|---|---|---|---|---|"]
     for command in COMMANDS:
         times: list[float] = []
         anchors: list[float] = []
-        for _ in range(args.repeat):
+        for _ in range(repeat):
             times.append(_timed([script, *command]))
             anchors.append(_timed(anchor))
         ours, theirs = statistics.median(times), statistics.median(anchors)
         heavy = ", ".join(_loaded(command)) or "none"
         lines.append(f"| `mpsearch {' '.join(command)}` | {ours:.3f} | {theirs:.3f} | "
                      f"{ours / theirs:.2f} | {heavy} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--no-write", action="store_true",
+                        help="print only; do not write benchmarks/results/bench_startup.md")
+    args = parser.parse_args()
+    lines = ["## CLI start-up", "",
+             f"Command: `python -m benchmarks.bench_startup --repeat {args.repeat}`; median of "
+             "fresh processes of the installed console script, each run interleaved with the "
+             "anchor `python -c \"import onnxruntime, numba\"`.", "",
+             *startup_lines(args.repeat)]
     publish("bench_startup", "\n".join(lines) + "\n", write=not args.no_write)
 
 

@@ -80,7 +80,7 @@ class FloatPrefix:
         self.rows = len(next(iter(feeds.values()))) if feeds else 0
         self._fp32 = {node.output[0]: node for node in graph.model.graph.node if node.output}
         self._initializers = {t.name: t for t in graph.model.graph.initializer}
-        probe = {name: value[:1] for name, value in feeds.items()}
+        probe = {name: value[:2] for name, value in feeds.items()}
         wanted = self._wanted(probe, threads, budget)
         self.kept: dict[str, np.ndarray] = dict(feeds)
         if wanted:  # a session exposing only these: ORT fuses the rest as in the reference
@@ -96,14 +96,21 @@ class FloatPrefix:
         then the tensors quantizable nodes read (a one-node candidate starts at its node),
         then the rest, the smallest first in each: a network's narrow tensors (block outputs,
         a transformer's residual stream) cut it into short spans. Sizes are weighed on one
-        sample with every activation exposed (as calibration weighs one)."""
+        sample with every activation exposed (as calibration weighs one); only tensors whose
+        first axis is the batch (one row for one sample, two for two) are kept: kept tensors
+        are computed, fed and sliced a batch at a time, and a tensor that depends on the
+        input's shape alone, such as a detector's anchor grid, has no batch axis."""
         graph = self.graph
         activations = [o for name in graph.order for o in graph.proto(name).output if o]
         session = create_session(graph.model, threads=threads, extra_outputs=activations,
                                  label=graph.name)
-        sizes = {name: value.nbytes * self.rows
-                 for name, value in session.run(probe, activations).items()
-                 if isinstance(value, np.ndarray)}
+        count = len(next(iter(probe.values()))) if probe else 0
+        two = session.run(probe, activations)
+        one = two if count < 2 else session.run({k: v[:1] for k, v in probe.items()},
+                                                 activations)
+        sizes = {name: one[name].nbytes * self.rows for name, value in two.items()
+                 if isinstance(value, np.ndarray) and value.ndim and len(value) == count
+                 and len(one[name]) == min(count, 1)}
         quantizable = graph.quantizable_nodes()
         heavy = {t for node in quantizable if node.weights for t in node.outputs}
         read = {t for node in quantizable for t in node.activation_inputs}

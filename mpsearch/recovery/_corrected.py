@@ -4,11 +4,11 @@ GPTQ and biases corrected for the mean output shift.
 Consumes the graph, calibration table and profile of a plain quantizer plus the
 :class:`~mpsearch.recovery.InputHessians` and/or :class:`~mpsearch.recovery.InputMeans` of the
 graph. With Hessians, every integer weight of at most 8 bits that has one is stored as
-:func:`~mpsearch.recovery.round_weight`'s codes on the plain builder's grid (cached per weight
-and format, as the plain builder caches its own); with means, ``build`` returns
-:func:`~mpsearch.recovery.correct_biases` of that build, which then corrects the shift of the
-rounded weights. The analysis, the search and the export all measure and write the corrected
-model through the one measurer.
+:func:`~mpsearch.recovery.round_weight`'s codes on the plain builder's grid (kept per weight
+and grid in the Hessians' own memo: every builder sharing them rounds a weight once); with
+means, ``build`` returns :func:`~mpsearch.recovery.correct_biases` of that build, which then
+corrects the shift of the rounded weights. The analysis, the search and the export all
+measure and write the corrected model through the one measurer.
 """
 
 from __future__ import annotations
@@ -54,12 +54,17 @@ class CorrectedQuantizer(Quantizer):
         hessian = None if self.hessians is None else self.hessians.hessians.get(node.name)
         if hessian is None or fmt.bits > 8:
             return super()._weight_codes(node, array, scale, zero, fmt, axis)
+        assert self.hessians is not None
         qmin, qmax = code_range(fmt.dtype, narrow_range=fmt.narrow_range,
                                 reduce_range=fmt.reduce_range)
-        codes = round_weight(node, array, hessian, scale, zero, axis, qmin, qmax)
-        if codes is None:
+        key = (node.name, fmt.dtype, axis, qmin, qmax, scale.tobytes(), zero.tobytes())
+        memo = self.hessians.codes
+        if key not in memo:  # the same rounding for every builder of these Hessians
+            codes = round_weight(node, array, hessian, scale, zero, axis, qmin, qmax)
+            memo[key] = None if codes is None else codes.astype(np.dtype(fmt.dtype))
+        stored = memo[key]
+        if stored is None:
             return super()._weight_codes(node, array, scale, zero, fmt, axis)
-        stored: np.ndarray = codes.astype(np.dtype(fmt.dtype))
         return stored
 
     def build(self, assignment: Mapping[str, str], *,

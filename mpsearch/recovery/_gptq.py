@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import numpy as np
@@ -65,11 +65,16 @@ _CHUNK_ELEMENTS = 16 * 2**20
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InputHessians:
-    """Per node, ``sum x x^T`` [groups, K, K] of the vectors its weight multiplies."""
+    """Per node, ``sum x x^T`` [groups, K, K] of the vectors its weight multiplies.
+
+    ``codes`` memoizes the GPTQ codes rounded from these Hessians, per node and grid: every
+    builder sharing them (recovery's candidates, then the run's) rounds each weight once."""
 
     model_fingerprint: str
     samples: int
     hessians: Mapping[str, np.ndarray]
+    codes: dict[tuple[object, ...], np.ndarray | None] = field(
+        default_factory=dict, compare=False, repr=False)
 
 
 # -- layout ---------------------------------------------------------------------------------

@@ -119,3 +119,48 @@ def test_prefix_samples_beyond_one_batch_run_in_batches_and_score_alike(
     reused.release()
     assert reused._open is None and reused._prefix is None
     assert reused.measure({last: "int8"}, samples=32).metrics == a.metrics  # from the cache
+
+
+def _shape_grid() -> onnx.ModelProto:
+    """x [n, 4] -> six MatMul/Tanh -> c; a [4, 4] grid of ones made from x's shape alone (no
+    batch axis, as a detector's anchors); y = MatMul(c, grid) -> MatMul v."""
+    rng = np.random.default_rng(2)
+    names = [f"w{i}" for i in range(6)]
+    weights = [numpy_helper.from_array(rng.normal(size=(4, 4)).astype(np.float32) / 2, name)
+               for name in (*names, "v")]
+    chain = [node for i, w in enumerate(names) for node in (
+        helper.make_node("MatMul", ["x" if i == 0 else f"t{i - 1}", w], [f"m{i}"], name=f"m{i}"),
+        helper.make_node("Tanh", [f"m{i}"], ["c" if i == 5 else f"t{i}"], name=f"t{i}"))]
+    consts = [numpy_helper.from_array(np.array(v, np.int64), n)
+              for n, v in (("one", [1]), ("two", [2]))]
+    one = helper.make_tensor("fill", TensorProto.FLOAT, [1], [1.0])
+    graph = helper.make_graph(
+        [*chain,
+         helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+         helper.make_node("Slice", ["shape", "one", "two"], ["width"], name="width"),
+         helper.make_node("Concat", ["width", "width"], ["square"], name="square", axis=0),
+         helper.make_node("ConstantOfShape", ["square"], ["grid"], name="grid", value=one),
+         helper.make_node("MatMul", ["c", "grid"], ["d"], name="mixed"),
+         helper.make_node("MatMul", ["d", "v"], ["y"], name="last")], "grid",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+        initializer=weights + consts)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_tensors_without_a_batch_axis_are_not_kept() -> None:
+    """A tensor made from the input's shape alone has no batch axis: kept, it would be
+    concatenated and sliced as if it had one. The changed part recomputes it instead, and
+    scores what the whole model scores, a batch at a time."""
+    x = np.random.default_rng(3).normal(size=(40, 4)).astype(np.float32)
+    data = Dataset(inputs={"x": x}, source="grid")
+    quantizer = _quantizer(_shape_grid(), data)
+    prefix = FloatPrefix(quantizer.graph, {"x": x[:10]}, rows=4)
+    assert "grid" not in prefix.kept and "c" in prefix.kept
+    assert {len(v) for v in prefix.kept.values()} == {10}
+    reused = Measurer(quantizer, data, prefix_samples=10, batch_size=4)
+    whole = Measurer(quantizer, data, batch_size=4)
+    a, b = (m.measure({"mixed": "int8"}, samples=10) for m in (reused, whole))
+    assert reused.partial_runs == 1
+    assert a.metrics["agreement"] == b.metrics["agreement"]
+    assert a.metrics["mse"] == pytest.approx(b.metrics["mse"], rel=1e-4)
