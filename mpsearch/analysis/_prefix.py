@@ -96,14 +96,16 @@ class FloatPrefix:
         then the tensors quantizable nodes read (a one-node candidate starts at its node),
         then the rest, the smallest first in each: a network's narrow tensors (block outputs,
         a transformer's residual stream) cut it into short spans. Sizes are weighed on one
-        sample with every activation exposed (as calibration weighs one)."""
+        sample with every activation exposed (as calibration weighs one); only batch-first
+        tensors (one row for one sample) are kept: a Reshape that folds the batch into
+        another axis ([-1, 2]) cannot be split into batches of samples."""
         graph = self.graph
         activations = [o for name in graph.order for o in graph.proto(name).output if o]
         session = create_session(graph.model, threads=threads, extra_outputs=activations,
                                  label=graph.name)
         sizes = {name: value.nbytes * self.rows
                  for name, value in session.run(probe, activations).items()
-                 if isinstance(value, np.ndarray)}
+                 if isinstance(value, np.ndarray) and value.ndim and len(value) == 1}
         quantizable = graph.quantizable_nodes()
         heavy = {t for node in quantizable if node.weights for t in node.outputs}
         read = {t for node in quantizable for t in node.activation_inputs}
@@ -156,9 +158,9 @@ class FloatPrefix:
         produced = {t for node in nodes for t in node.output}
         read = set(t for node in nodes for t in node.input if t)
         boundary = sorted(t for t in read if t not in produced and t in self.kept)
-        values = [helper.make_tensor_value_info(
-            t, helper.np_dtype_to_tensor_dtype(self.kept[t].dtype), self.kept[t].shape)
-            for t in boundary]
+        values = [helper.make_tensor_value_info(  # batch-first: any number of samples a run
+            t, helper.np_dtype_to_tensor_dtype(self.kept[t].dtype),
+            ["batch", *self.kept[t].shape[1:]]) for t in boundary]
         sub = helper.make_graph(
             nodes, f"{graph.name}-changed", values, [o for o in graph.output if o.name == output],
             initializer=[t for t in graph.initializer if t.name in read])

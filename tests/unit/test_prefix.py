@@ -119,3 +119,40 @@ def test_prefix_samples_beyond_one_batch_run_in_batches_and_score_alike(
     reused.release()
     assert reused._open is None and reused._prefix is None
     assert reused.measure({last: "int8"}, samples=32).metrics == a.metrics  # from the cache
+
+
+def _folded_batch() -> onnx.ModelProto:
+    """x [n, 8] -> MatMul a -> [n, 4] -> Reshape [-1, 2] (the batch folded into the rows, as
+    YOLOv8's head does) -> MatMul b -> [2n, 2] -> Reshape [-1, 4] -> y [n, 4]."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(size=(8, 4)).astype(np.float32), "wa"),
+               numpy_helper.from_array(rng.normal(size=(2, 2)).astype(np.float32), "wb"),
+               numpy_helper.from_array(np.array([-1, 2], np.int64), "pairs"),
+               numpy_helper.from_array(np.array([-1, 4], np.int64), "rows")]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "wa"], ["h"], name="a"),
+         helper.make_node("Reshape", ["h", "pairs"], ["folded"], name="fold"),
+         helper.make_node("MatMul", ["folded", "wb"], ["m"], name="b"),
+         helper.make_node("Reshape", ["m", "rows"], ["y"], name="unfold")], "folded",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])], initializer=weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_tensor_with_the_batch_folded_in_is_not_kept() -> None:
+    """A Reshape to [-1, 2] puts two rows per sample: split in batches of samples it would
+    feed the changed part a wrong count of rows (ONNX Runtime: invalid dimensions). Only
+    batch-first tensors are kept, and a node reading the folded one scores as the whole
+    model does."""
+    x = np.random.default_rng(1).normal(size=(64, 8)).astype(np.float32)
+    data = Dataset(inputs={"x": x}, source="folded")
+    quantizer = _quantizer(_folded_batch(), data)
+    feeds = next(iter(data.take(32).batches(32)))
+    prefix = FloatPrefix(quantizer.graph, feeds)
+    assert "folded" not in prefix.kept and "h" in prefix.kept
+    assert all(len(value) == 32 for value in prefix.kept.values())
+    reused = Measurer(quantizer, data, prefix_samples=32, batch_size=8)
+    whole = Measurer(quantizer, data, batch_size=8)
+    a, b = reused.measure({"b": "int8"}, samples=32), whole.measure({"b": "int8"}, samples=32)
+    assert a.samples == b.samples == 32 and a.metrics["agreement"] == b.metrics["agreement"]
+    assert a.metrics["mse"] == pytest.approx(b.metrics["mse"], rel=1e-4)
