@@ -21,7 +21,9 @@ The rule (docs/results.md, "The recommendation"):
    those no other tied point is measurably faster than at the spec's batch, then at batch 1;
    then the better metric, the fewer distinct formats, the lower index.
 
-A chosen point no smaller than FP32 (beyond the tie) is FP32 itself, and the line says so.
+A chosen point no smaller than FP32 (beyond the tie) is FP32 itself, and the line says so,
+unless the profile's toolchain ran it on the accelerator (HTP and RKNN run float as fp16):
+that point is deployed.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def recommend(front: Front, limits: Limits) -> tuple[int | None, str]:
     if timed:
         chosen = [p for p in chosen if not _slower_than_fp32(p, front)] or chosen
     point = _pick(chosen, sign, timed)
-    if not _quantized(point, front):
+    if not _quantized(point, front) and not (limits.accelerator and _on_accelerator(point)):
         return point.index, _keep_fp32(front, limits, floor, f"point {point.index} is FP32 "
                                        "itself")
     return point.index, recommendation_line(front, point, limits.stop)
@@ -88,6 +90,12 @@ def _all_on_cpu(point: FrontPoint) -> bool:
     the point was not placed)."""
     placed = point.target_placement or {}
     return bool(placed.get("nodes")) and not placed.get("on_accelerator")
+
+
+def _on_accelerator(point: FrontPoint) -> bool:
+    """Whether the target's toolchain ran some of ``point`` on its accelerator (an FP32-sized
+    point the target runs there, as fp16, is a deployment, not "keep FP32 on the CPU")."""
+    return bool((point.target_placement or {}).get("on_accelerator"))
 
 
 def _floor(front: Front, limits: Limits) -> float | None:
