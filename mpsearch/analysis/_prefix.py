@@ -86,7 +86,10 @@ class FloatPrefix:
         if wanted:  # a session exposing only these: ORT fuses the rest as in the reference
             session = create_session(graph.model, threads=threads, extra_outputs=wanted,
                                      label=f"{graph.name} (kept FP32 tensors)")
-            self.kept.update(run_in_chunks(session, feeds, wanted, rows or self.rows))
+            values = run_in_chunks(session, feeds, wanted, rows or self.rows)
+            # one row a sample: a tensor of constants (a detector's anchor grid, [1, 2, 2100])
+            # has one row for one sample too, and as many rows as runs for the batch
+            self.kept.update({k: v for k, v in values.items() if len(v) == self.rows})
         logger.debug("prefix reuse: %d FP32 tensors kept (%.0f MB) for %d samples",
                      len(wanted), sum(v.nbytes for v in self.kept.values()) / 2**20, self.rows)
 

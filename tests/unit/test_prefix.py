@@ -156,3 +156,37 @@ def test_a_tensor_with_the_batch_folded_in_is_not_kept() -> None:
     a, b = reused.measure({"b": "int8"}, samples=32), whole.measure({"b": "int8"}, samples=32)
     assert a.samples == b.samples == 32 and a.metrics["agreement"] == b.metrics["agreement"]
     assert a.metrics["mse"] == pytest.approx(b.metrics["mse"], rel=1e-4)
+
+
+def test_a_tensor_of_constants_is_not_kept() -> None:
+    """A detector's anchor grid is built from the input's shape: one row for one sample, one
+    row for any batch. Kept, it would be fed as a batch of samples; only tensors with a row per
+    sample are kept, and the node reading the grid scores as the whole model does."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(size=(8, 4)).astype(np.float32), "wa"),
+               numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "wb"),
+               numpy_helper.from_array(np.array([1], np.int64), "one"),
+               numpy_helper.from_array(np.array([2], np.int64), "two")]
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+         helper.make_node("Slice", ["shape", "one", "two"], ["width"], name="width"),
+         helper.make_node("Div", ["width", "two"], ["half"], name="half"),
+         helper.make_node("Concat", ["one", "half"], ["grid_shape"], name="grid_shape", axis=0),
+         helper.make_node("ConstantOfShape", ["grid_shape"], ["grid"], name="anchors",
+                          value=numpy_helper.from_array(np.array([0.5], np.float32))),
+         helper.make_node("MatMul", ["x", "wa"], ["h"], name="a"),
+         helper.make_node("Sub", ["h", "grid"], ["d"], name="offset"),
+         helper.make_node("MatMul", ["d", "wb"], ["y"], name="b")], "grid",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])], initializer=weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.normal(size=(64, 8)).astype(np.float32)
+    data = Dataset(inputs={"x": x}, source="grid")
+    quantizer = _quantizer(model, data)
+    prefix = FloatPrefix(quantizer.graph, next(iter(data.take(32).batches(32))))
+    assert "grid" not in prefix.kept and "h" in prefix.kept
+    reused = Measurer(quantizer, data, prefix_samples=32)
+    a, b = reused.measure({"a": "int8"}, samples=32), Measurer(quantizer, data).measure(
+        {"a": "int8"}, samples=32)
+    assert a.samples == b.samples == 32 and a.metrics["agreement"] == b.metrics["agreement"]
+    assert a.metrics["mse"] == pytest.approx(b.metrics["mse"], rel=1e-4)
