@@ -92,10 +92,21 @@ def _all_on_cpu(point: FrontPoint) -> bool:
     return bool(placed.get("nodes")) and not placed.get("on_accelerator")
 
 
+#: Float precisions in a placement's counts ("accelerator:fp16", "cpu:fp32", ...).
+_FLOATS = ("fp16", "fp32", "bf16")
+
+
 def _on_accelerator(point: FrontPoint) -> bool:
-    """Whether the target's toolchain ran some of ``point`` on its accelerator (an FP32-sized
-    point the target runs there, as fp16, is a deployment, not "keep FP32 on the CPU")."""
-    return bool((point.target_placement or {}).get("on_accelerator"))
+    """Whether the target's toolchain ran most of ``point``'s float nodes on its accelerator:
+    an FP32-sized point the HTP or the RKNN NPU runs in fp16 is a deployment there, one whose
+    float nodes Vela leaves to the CPU is "keep FP32 on the CPU"."""
+    counts = (point.target_placement or {}).get("counts") or {}
+
+    def floats(unit: str) -> int:
+        return sum(int(n) for key, n in counts.items()
+                   if key.split(":")[0] == unit and key.split(":")[-1] in _FLOATS)
+
+    return floats("accelerator") > floats("cpu")
 
 
 def _floor(front: Front, limits: Limits) -> float | None:
