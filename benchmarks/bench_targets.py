@@ -340,7 +340,8 @@ def _samples_words(args: argparse.Namespace) -> str:
                    else f"{args.calibration} calibration samples")
     half = args.samples // 2
     return (f"{calibration}, {args.samples - half} searched and {half} held out per corpus "
-            "model (the transformer: its digits, calibration as the corpus's or 64, the rest halved)")
+            "model (the transformer: its digits, calibration as the corpus's or 64, the rest "
+            "halved)")
 
 
 def _searches(args: argparse.Namespace, work: Path) -> str:
