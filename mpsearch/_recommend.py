@@ -21,7 +21,9 @@ The rule (docs/results.md, "The recommendation"):
    those no other tied point is measurably faster than at the spec's batch, then at batch 1;
    then the better metric, the fewer distinct formats, the lower index.
 
-A chosen point no smaller than FP32 (beyond the tie) is FP32 itself, and the line says so.
+A chosen point no smaller than FP32 (beyond the tie) is FP32 itself, and the line says so,
+unless the profile's toolchain ran it on the accelerator (HTP and RKNN run float as fp16):
+that point is deployed.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def recommend(front: Front, limits: Limits) -> tuple[int | None, str]:
     if timed:
         chosen = [p for p in chosen if not _slower_than_fp32(p, front)] or chosen
     point = _pick(chosen, sign, timed)
-    if not _quantized(point, front):
+    if not _quantized(point, front) and not (limits.accelerator and _on_accelerator(point)):
         return point.index, _keep_fp32(front, limits, floor, f"point {point.index} is FP32 "
                                        "itself")
     return point.index, recommendation_line(front, point, limits.stop)
@@ -88,6 +90,23 @@ def _all_on_cpu(point: FrontPoint) -> bool:
     the point was not placed)."""
     placed = point.target_placement or {}
     return bool(placed.get("nodes")) and not placed.get("on_accelerator")
+
+
+#: Float precisions in a placement's counts ("accelerator:fp16", "cpu:fp32", ...).
+_FLOATS = ("fp16", "fp32", "bf16")
+
+
+def _on_accelerator(point: FrontPoint) -> bool:
+    """Whether the target's toolchain ran most of ``point``'s float nodes on its accelerator:
+    an FP32-sized point the HTP or the RKNN NPU runs in fp16 is a deployment there, one whose
+    float nodes Vela leaves to the CPU is "keep FP32 on the CPU"."""
+    counts = (point.target_placement or {}).get("counts") or {}
+
+    def floats(unit: str) -> int:
+        return sum(int(n) for key, n in counts.items()
+                   if key.split(":")[0] == unit and key.split(":")[-1] in _FLOATS)
+
+    return floats("accelerator") > floats("cpu")
 
 
 def _floor(front: Front, limits: Limits) -> float | None:

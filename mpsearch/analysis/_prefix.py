@@ -80,13 +80,16 @@ class FloatPrefix:
         self.rows = len(next(iter(feeds.values()))) if feeds else 0
         self._fp32 = {node.output[0]: node for node in graph.model.graph.node if node.output}
         self._initializers = {t.name: t for t in graph.model.graph.initializer}
-        probe = {name: value[:2] for name, value in feeds.items()}
+        probe = {name: value[:1] for name, value in feeds.items()}
         wanted = self._wanted(probe, threads, budget)
         self.kept: dict[str, np.ndarray] = dict(feeds)
         if wanted:  # a session exposing only these: ORT fuses the rest as in the reference
             session = create_session(graph.model, threads=threads, extra_outputs=wanted,
                                      label=f"{graph.name} (kept FP32 tensors)")
-            self.kept.update(run_in_chunks(session, feeds, wanted, rows or self.rows))
+            values = run_in_chunks(session, feeds, wanted, rows or self.rows)
+            # one row a sample: a tensor of constants (a detector's anchor grid, [1, 2, 2100])
+            # has one row for one sample too, and as many rows as runs for the batch
+            self.kept.update({k: v for k, v in values.items() if len(v) == self.rows})
         logger.debug("prefix reuse: %d FP32 tensors kept (%.0f MB) for %d samples",
                      len(wanted), sum(v.nbytes for v in self.kept.values()) / 2**20, self.rows)
 
@@ -96,21 +99,16 @@ class FloatPrefix:
         then the tensors quantizable nodes read (a one-node candidate starts at its node),
         then the rest, the smallest first in each: a network's narrow tensors (block outputs,
         a transformer's residual stream) cut it into short spans. Sizes are weighed on one
-        sample with every activation exposed (as calibration weighs one); only tensors whose
-        first axis is the batch (one row for one sample, two for two) are kept: kept tensors
-        are computed, fed and sliced a batch at a time, and a tensor that depends on the
-        input's shape alone, such as a detector's anchor grid, has no batch axis."""
+        sample with every activation exposed (as calibration weighs one); only batch-first
+        tensors (one row for one sample) are kept: a Reshape that folds the batch into
+        another axis ([-1, 2]) cannot be split into batches of samples."""
         graph = self.graph
         activations = [o for name in graph.order for o in graph.proto(name).output if o]
         session = create_session(graph.model, threads=threads, extra_outputs=activations,
                                  label=graph.name)
-        count = len(next(iter(probe.values()))) if probe else 0
-        two = session.run(probe, activations)
-        one = two if count < 2 else session.run({k: v[:1] for k, v in probe.items()},
-                                                 activations)
-        sizes = {name: one[name].nbytes * self.rows for name, value in two.items()
-                 if isinstance(value, np.ndarray) and value.ndim and len(value) == count
-                 and len(one[name]) == min(count, 1)}
+        sizes = {name: value.nbytes * self.rows
+                 for name, value in session.run(probe, activations).items()
+                 if isinstance(value, np.ndarray) and value.ndim and len(value) == 1}
         quantizable = graph.quantizable_nodes()
         heavy = {t for node in quantizable if node.weights for t in node.outputs}
         read = {t for node in quantizable for t in node.activation_inputs}
@@ -163,9 +161,9 @@ class FloatPrefix:
         produced = {t for node in nodes for t in node.output}
         read = set(t for node in nodes for t in node.input if t)
         boundary = sorted(t for t in read if t not in produced and t in self.kept)
-        values = [helper.make_tensor_value_info(
-            t, helper.np_dtype_to_tensor_dtype(self.kept[t].dtype), self.kept[t].shape)
-            for t in boundary]
+        values = [helper.make_tensor_value_info(  # batch-first: any number of samples a run
+            t, helper.np_dtype_to_tensor_dtype(self.kept[t].dtype),
+            ["batch", *self.kept[t].shape[1:]]) for t in boundary]
         sub = helper.make_graph(
             nodes, f"{graph.name}-changed", values, [o for o in graph.output if o.name == output],
             initializer=[t for t in graph.initializer if t.name in read])

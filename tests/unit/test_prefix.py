@@ -163,4 +163,74 @@ def test_tensors_without_a_batch_axis_are_not_kept() -> None:
     a, b = (m.measure({"mixed": "int8"}, samples=10) for m in (reused, whole))
     assert reused.partial_runs == 1
     assert a.metrics["agreement"] == b.metrics["agreement"]
+
+
+def _folded_batch() -> onnx.ModelProto:
+    """x [n, 8] -> MatMul a -> [n, 4] -> Reshape [-1, 2] (the batch folded into the rows, as
+    YOLOv8's head does) -> MatMul b -> [2n, 2] -> Reshape [-1, 4] -> y [n, 4]."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(size=(8, 4)).astype(np.float32), "wa"),
+               numpy_helper.from_array(rng.normal(size=(2, 2)).astype(np.float32), "wb"),
+               numpy_helper.from_array(np.array([-1, 2], np.int64), "pairs"),
+               numpy_helper.from_array(np.array([-1, 4], np.int64), "rows")]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "wa"], ["h"], name="a"),
+         helper.make_node("Reshape", ["h", "pairs"], ["folded"], name="fold"),
+         helper.make_node("MatMul", ["folded", "wb"], ["m"], name="b"),
+         helper.make_node("Reshape", ["m", "rows"], ["y"], name="unfold")], "folded",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])], initializer=weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_tensor_with_the_batch_folded_in_is_not_kept() -> None:
+    """A Reshape to [-1, 2] puts two rows per sample: split in batches of samples it would
+    feed the changed part a wrong count of rows (ONNX Runtime: invalid dimensions). Only
+    batch-first tensors are kept, and a node reading the folded one scores as the whole
+    model does."""
+    x = np.random.default_rng(1).normal(size=(64, 8)).astype(np.float32)
+    data = Dataset(inputs={"x": x}, source="folded")
+    quantizer = _quantizer(_folded_batch(), data)
+    feeds = next(iter(data.take(32).batches(32)))
+    prefix = FloatPrefix(quantizer.graph, feeds)
+    assert "folded" not in prefix.kept and "h" in prefix.kept
+    assert all(len(value) == 32 for value in prefix.kept.values())
+    reused = Measurer(quantizer, data, prefix_samples=32, batch_size=8)
+    whole = Measurer(quantizer, data, batch_size=8)
+    a, b = reused.measure({"b": "int8"}, samples=32), whole.measure({"b": "int8"}, samples=32)
+    assert a.samples == b.samples == 32 and a.metrics["agreement"] == b.metrics["agreement"]
+    assert a.metrics["mse"] == pytest.approx(b.metrics["mse"], rel=1e-4)
+
+
+def test_a_tensor_of_constants_is_not_kept() -> None:
+    """A detector's anchor grid is built from the input's shape: one row for one sample, one
+    row for any batch. Kept, it would be fed as a batch of samples; only tensors with a row per
+    sample are kept, and the node reading the grid scores as the whole model does."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(size=(8, 4)).astype(np.float32), "wa"),
+               numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "wb"),
+               numpy_helper.from_array(np.array([1], np.int64), "one"),
+               numpy_helper.from_array(np.array([2], np.int64), "two")]
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+         helper.make_node("Slice", ["shape", "one", "two"], ["width"], name="width"),
+         helper.make_node("Div", ["width", "two"], ["half"], name="half"),
+         helper.make_node("Concat", ["one", "half"], ["grid_shape"], name="grid_shape", axis=0),
+         helper.make_node("ConstantOfShape", ["grid_shape"], ["grid"], name="anchors",
+                          value=numpy_helper.from_array(np.array([0.5], np.float32))),
+         helper.make_node("MatMul", ["x", "wa"], ["h"], name="a"),
+         helper.make_node("Sub", ["h", "grid"], ["d"], name="offset"),
+         helper.make_node("MatMul", ["d", "wb"], ["y"], name="b")], "grid",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])], initializer=weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.normal(size=(64, 8)).astype(np.float32)
+    data = Dataset(inputs={"x": x}, source="grid")
+    quantizer = _quantizer(model, data)
+    prefix = FloatPrefix(quantizer.graph, next(iter(data.take(32).batches(32))))
+    assert "grid" not in prefix.kept and "h" in prefix.kept
+    reused = Measurer(quantizer, data, prefix_samples=32)
+    a, b = reused.measure({"a": "int8"}, samples=32), Measurer(quantizer, data).measure(
+        {"a": "int8"}, samples=32)
+    assert a.samples == b.samples == 32 and a.metrics["agreement"] == b.metrics["agreement"]
     assert a.metrics["mse"] == pytest.approx(b.metrics["mse"], rel=1e-4)

@@ -189,6 +189,28 @@ def test_a_point_wholly_on_the_cpu_is_no_accelerator_answer() -> None:
                            "accuracy >= 0.9500")
 
 
+def test_an_fp32_sized_point_the_accelerator_runs_is_deployed() -> None:
+    """qnn_htp and rk3588 run float as fp16 on the accelerator: FP32's size is then fp16's,
+    and a verified point of that size is deployed there, not "keep FP32 on the CPU"."""
+    small = _point(0, 0.90, 300)  # misses accuracy >= 0.95
+    fp16 = replace(_point(1, 0.97, 1000, counts={"fp16": 3}),
+                   target_placement={"toolchain": "qnn", "nodes": 7, "on_accelerator": 7,
+                                     "counts": {"accelerator:fp16": 7}})
+    accelerator = Limits(max_metric_drop=0.02, accelerator=True)
+    index, line = recommend(_front(small, fp16), accelerator)
+    assert index == 1
+    assert line.startswith("deploy point 1: 1 kB (1.0x smaller than FP32), accuracy 0.9700")
+    keep = "keep FP32 on the CPU: no point that runs on the accelerator meets accuracy >= 0.9500"
+    unplaced = replace(fp16, target_placement=None)  # not verified: FP32 itself, as before
+    index, line = recommend(_front(small, unplaced), accelerator)
+    assert index == 1 and line.startswith(keep)
+    # Vela: one int32 node on the NPU, the float ones on the Cortex-M: FP32 on the CPU
+    cpu = replace(fp16, target_placement={"toolchain": "vela", "nodes": 7, "on_accelerator": 1,
+                                          "counts": {"accelerator:int32": 1, "cpu:fp32": 6}})
+    index, line = recommend(_front(small, cpu), accelerator)
+    assert index == 1 and line.startswith(keep) and "point 1 is FP32 itself" in line
+
+
 def test_nothing_within_the_size_limit() -> None:
     index, line = recommend(_front(_point(0, 0.97, 300)), Limits(max_size=200))
     assert index is None
