@@ -80,16 +80,13 @@ class FloatPrefix:
         self.rows = len(next(iter(feeds.values()))) if feeds else 0
         self._fp32 = {node.output[0]: node for node in graph.model.graph.node if node.output}
         self._initializers = {t.name: t for t in graph.model.graph.initializer}
-        probe = {name: value[:1] for name, value in feeds.items()}
+        probe = {name: value[:2] for name, value in feeds.items()}
         wanted = self._wanted(probe, threads, budget)
         self.kept: dict[str, np.ndarray] = dict(feeds)
         if wanted:  # a session exposing only these: ORT fuses the rest as in the reference
             session = create_session(graph.model, threads=threads, extra_outputs=wanted,
                                      label=f"{graph.name} (kept FP32 tensors)")
-            values = run_in_chunks(session, feeds, wanted, rows or self.rows)
-            # one row a sample: a tensor of constants (a detector's anchor grid, [1, 2, 2100])
-            # has one row for one sample too, and as many rows as runs for the batch
-            self.kept.update({k: v for k, v in values.items() if len(v) == self.rows})
+            self.kept.update(run_in_chunks(session, feeds, wanted, rows or self.rows))
         logger.debug("prefix reuse: %d FP32 tensors kept (%.0f MB) for %d samples",
                      len(wanted), sum(v.nbytes for v in self.kept.values()) / 2**20, self.rows)
 
@@ -99,16 +96,23 @@ class FloatPrefix:
         then the tensors quantizable nodes read (a one-node candidate starts at its node),
         then the rest, the smallest first in each: a network's narrow tensors (block outputs,
         a transformer's residual stream) cut it into short spans. Sizes are weighed on one
-        sample with every activation exposed (as calibration weighs one); only batch-first
-        tensors (one row for one sample) are kept: a Reshape that folds the batch into
-        another axis ([-1, 2]) cannot be split into batches of samples."""
+        sample with every activation exposed (as calibration weighs one). Only tensors with one
+        row per sample (one row for one sample, two for two: ``probe`` holds up to two) are
+        kept, since kept tensors are fed and sliced a batch of samples at a time: a Reshape
+        that folds the batch into another axis ([-1, 2]) has two rows a sample, and a tensor
+        built from the input's shape alone (a detector's anchor grid, [1, 2, 2100]) one row
+        for any batch."""
         graph = self.graph
         activations = [o for name in graph.order for o in graph.proto(name).output if o]
         session = create_session(graph.model, threads=threads, extra_outputs=activations,
                                  label=graph.name)
-        sizes = {name: value.nbytes * self.rows
-                 for name, value in session.run(probe, activations).items()
-                 if isinstance(value, np.ndarray) and value.ndim and len(value) == 1}
+        count = len(next(iter(probe.values()))) if probe else 0
+        many = session.run(probe, activations)
+        one = many if count < 2 else session.run({k: v[:1] for k, v in probe.items()},
+                                                 activations)
+        sizes = {name: one[name].nbytes * self.rows for name, value in many.items()
+                 if isinstance(value, np.ndarray) and value.ndim and len(value) == count
+                 and len(one[name]) == 1}
         quantizable = graph.quantizable_nodes()
         heavy = {t for node in quantizable if node.weights for t in node.outputs}
         read = {t for node in quantizable for t in node.activation_inputs}
