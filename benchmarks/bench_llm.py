@@ -41,6 +41,7 @@ from mpsearch.llm._choices import Choice, WeightBank, input_hessians, searchable
 from mpsearch.llm._search import BUDGETS, LLMPoint, LLMSearch, search_bits, to_assignment
 from mpsearch.llm._sensitivity import Menu, Sensitivity, default_menu, measure_sensitivity
 from mpsearch.llm._text import TextWindows
+from mpsearch.rundir import estimate_text
 from mpsearch.testing import smollm
 
 MENU = ("w2b64a", "w4b128s", "w4b64s")
@@ -54,7 +55,7 @@ def _log(text: str) -> None:
 
 def _ci(e: LMScore, what: str = "perplexity", digits: int = 2) -> str:
     v = getattr(e, what)
-    return f"{v.mean:.{digits}f} ({v.low:.{digits}f}-{v.high:.{digits}f})"
+    return estimate_text((v.mean, v.low, v.high), digits)
 
 
 def _row(name: str, bpw: float, search_kl: float | None, s: LMScore) -> str:
