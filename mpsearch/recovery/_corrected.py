@@ -51,14 +51,14 @@ class CorrectedQuantizer(Quantizer):
 
     def _weight_codes(self, node: Node, array: np.ndarray, scale: np.ndarray, zero: np.ndarray,
                       fmt: TensorFormat, axis: int | None) -> np.ndarray:
-        hessian = None if self.hessians is None else self.hessians.hessians.get(node.name)
-        if hessian is None or fmt.bits > 8:
+        hessians = self.hessians
+        hessian = None if hessians is None else hessians.hessians.get(node.name)
+        if hessians is None or hessian is None or fmt.bits > 8:
             return super()._weight_codes(node, array, scale, zero, fmt, axis)
-        assert self.hessians is not None
         qmin, qmax = code_range(fmt.dtype, narrow_range=fmt.narrow_range,
                                 reduce_range=fmt.reduce_range)
         key = (node.name, fmt.dtype, axis, qmin, qmax, scale.tobytes(), zero.tobytes())
-        memo = self.hessians.codes
+        memo = hessians.codes
         if key not in memo:  # the same rounding for every builder of these Hessians
             codes = round_weight(node, array, hessian, scale, zero, axis, qmin, qmax)
             memo[key] = None if codes is None else codes.astype(np.dtype(fmt.dtype))
