@@ -12,7 +12,7 @@ back to the CPU with the QNN execution provider's reason.
 
 ``--corpus KEY`` instead times one corpus model's search (``mpsearch.testing.corpus``, e.g.
 ``magika``, the 1-D CNN) under ``qnn_htp`` with ``verify: front`` and ``--target-samples N``
-(``evaluation.target_samples``; default all held-out samples): wall and CPU seconds of the
+(``evaluation.target_samples``; default the spec's, ``auto``): wall and CPU seconds of the
 whole run and of its ``verify`` stage, the shown points, how many the target rejected and the
 largest |target - ORT| on the same samples. Written to ``bench_qnn_search_corpus.md``.
 
@@ -98,9 +98,10 @@ def _ort(point: FrontPoint) -> float:
 def corpus_row(key: str, trials: int, samples: int | None, out: Path) -> str:
     """One corpus model searched under qnn_htp with ``verify: front``, timed."""
     spec = load_spec(write_search(key, out / key, trials))
-    spec = dataclasses.replace(
-        spec, profile="qnn_htp", verify="front",
-        evaluation=dataclasses.replace(spec.evaluation, target_samples=samples))
+    spec = dataclasses.replace(spec, profile="qnn_htp", verify="front")
+    if samples is not None:
+        spec = dataclasses.replace(
+            spec, evaluation=dataclasses.replace(spec.evaluation, target_samples=samples))
     stages, load = _Stages(), os.getloadavg()[0]
     start, cpu = time.perf_counter(), _cpu_seconds()
     front = search_run(spec, out / key / "run", progress=stages).front
@@ -108,7 +109,7 @@ def corpus_row(key: str, trials: int, samples: int | None, out: Path) -> str:
     shown = front.shown
     diffs = [abs(p.target_metric - _ort(p)) for p in shown if p.target_metric is not None]
     failed = [f"{p.index}: {p.target_failure}" for p in shown if p.target_failure]
-    return (f"| {key} | {trials} | {samples or 'all'} | {len(shown)} | "
+    return (f"| {key} | {trials} | {samples or 'auto'} | {len(shown)} | "
             f"{max(diffs, default=float('nan')):.4f} | {'; '.join(failed) or 'none'} | "
             f"{stages.seconds('verify'):.0f} | {wall:.0f} | {cpu:.0f} | {load:.1f} |")
 

@@ -32,7 +32,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -148,6 +148,19 @@ class Thresholds:
 RECOVERY_METHODS = ("cle", "bias_correction", "gptq", "smoothquant")
 
 
+def _target_samples(evaluation: Section) -> int | Literal["auto"] | None:
+    """``evaluation.target_samples``: ``auto`` (absent or null), ``all`` (None) or a count."""
+    value = evaluation.data.get("target_samples")
+    if value is None or value == "auto":
+        return "auto"
+    if value == "all":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        evaluation.fail("target_samples", "evaluation.target_samples must be auto, all or a "
+                        f"number of samples, got {value!r}; fix the value")
+    return int(evaluation.get_int("target_samples", minimum=1))
+
+
 def _check_ints(section: str, values: dict[str, Any], optional: tuple[str, ...] = ()) -> None:
     """:class:`SpecError` for the first of ``values`` (keys of ``section``) outside its
     :data:`_INT_BOUNDS`; a name in ``optional`` may be None."""
@@ -247,21 +260,22 @@ class EvaluationSpec:
     Runtime (threads capped at this machine's CPUs), ``chunks`` a trial is raced in, the
     ``sensitivity_samples`` one-node costs are measured on (None: all), ``search_score``
     (:data:`SEARCH_SCORES`) and the first ``target_samples`` held-out samples a ``verify``
-    toolchain runs (None: all; an emulator can take seconds a sample)."""
+    toolchain runs (None: all; ``"auto"``: all those a point's verification runs in about a
+    minute, at least 32, since an emulator can take seconds a sample)."""
 
     batch_size: int = 64
     threads: int = 2
     chunks: int = 4
     sensitivity_samples: int | None = 32
     search_score: str = "auto"
-    target_samples: int | None = None
+    target_samples: int | Literal["auto"] | None = "auto"
 
     def __post_init__(self) -> None:
-        _check_ints("evaluation", {"batch_size": self.batch_size, "threads": self.threads,
-                                   "chunks": self.chunks,
-                                   "sensitivity_samples": self.sensitivity_samples,
-                                   "target_samples": self.target_samples},
-                    optional=("sensitivity_samples", "target_samples"))
+        counts = {"batch_size": self.batch_size, "threads": self.threads,
+                  "chunks": self.chunks, "sensitivity_samples": self.sensitivity_samples}
+        if self.target_samples != "auto":
+            counts["target_samples"] = self.target_samples
+        _check_ints("evaluation", counts, optional=("sensitivity_samples", "target_samples"))
         _check_choice("evaluation.search_score", self.search_score, SEARCH_SCORES)
         object.__setattr__(self, "threads", machine_threads(self.threads))
 
@@ -355,7 +369,9 @@ class SearchSpec:
             "budget": {**asdict(self.budget), "patience": self.budget.patience or 0},
             "sampler": self.sampler, "seed": self.seed, "storage": self.storage,
             "study": self.study, "heartbeat": self.heartbeat_s,
-            "calibration": asdict(self.calibration), "evaluation": asdict(self.evaluation),
+            "calibration": asdict(self.calibration),
+            "evaluation": {**asdict(self.evaluation),
+                           "target_samples": self.evaluation.target_samples or "all"},
             "formats": None if self.formats is None else list(self.formats),
             "analysis": self.analysis, "seeding": self.seeding, "explore": self.explore,
             "name": self.name, "verify": self.verify,
@@ -539,7 +555,7 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
             chunks=_bounded(evaluation, "chunks", 4),
             sensitivity_samples=evaluation.get_int("sensitivity_samples", 32, minimum=1),
             search_score=evaluation.get_str("search_score", "auto", choices=SEARCH_SCORES),
-            target_samples=evaluation.get_int("target_samples", None, minimum=1)),
+            target_samples=_target_samples(evaluation)),
     }
     try:  # what only a section's own check refuses (budget.timeout_s: .inf) names the file
         sections = {name: _SECTIONS[name](**kwargs) for name, kwargs in values.items()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,13 @@ from mpsearch.spec import SearchSpec
 from mpsearch.targets import TargetError, toolchain
 from mpsearch.targets._probes import ProbeResult, check_profile
 from mpsearch.targets._verdict import Verified
-from mpsearch.targets._verify import TargetVerifier, target_for, toolchain_version
+from mpsearch.targets._verify import (
+    AUTO_FLOOR,
+    AUTO_SECONDS,
+    TargetVerifier,
+    target_for,
+    toolchain_version,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -153,14 +159,36 @@ def _verified_front(front: Front, verifier: TargetVerifier, run: RunDir, spec: S
         kept[name] = record.to_dict()
         run.write_verified(key, kept)
 
-    limit = spec.evaluation.target_samples or len(data)
+    limit = _target_samples(spec, verifier, front, data, known)
     subset = limit < len(data)
     if subset:
-        logger.info("verify: the target runs the first %d of %d held-out samples "
-                    "(evaluation.target_samples)", limit, len(data))
         data = data.take(limit)
     return verifier.front(front, _evaluator(prepared, data, spec), known=known, save=save,
                           progress=progress, subset=subset)
+
+
+def _target_samples(spec: SearchSpec, verifier: TargetVerifier, front: Front, data: Dataset,
+                    known: Mapping[str, Verified]) -> int:
+    """How many of the first held-out samples the target runs for each point: the spec's
+    count, or all, or with ``auto`` the count a stopped run used (its records keep it), else
+    :meth:`TargetVerifier.affordable`'s."""
+    setting = spec.evaluation.target_samples
+    stopped = [r.samples for r in known.values() if r.samples]
+    if setting != "auto":
+        limit = min(setting or len(data), len(data))
+        why = "evaluation.target_samples"
+    elif stopped:
+        limit = max(stopped)
+        why = "evaluation.target_samples: auto, as the stopped run's records"
+    else:
+        limit, each = verifier.affordable(verifier.shown(front), data)
+        why = (f"evaluation.target_samples: auto; {each:.2g} s a sample on "
+               f"{verifier.tool.name}: those that fit {AUTO_SECONDS:.0f} s a point, at least "
+               f"{AUTO_FLOOR}" if each is not None else "evaluation.target_samples: auto")
+    if limit < len(data):
+        logger.info("verify: the target runs the first %d of %d held-out samples (%s)",
+                    limit, len(data), why)
+    return limit
 
 
 def check_profile_claims(

@@ -16,13 +16,14 @@ import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mpsearch.assignment import Assignment, make_assignment
+from mpsearch.data import Dataset
 from mpsearch.errors import TargetError
 from mpsearch.evaluate import Evaluator
 from mpsearch.profiles import HardwareProfile
@@ -32,10 +33,16 @@ from mpsearch.rundir import Front, FrontPoint
 from mpsearch.targets import Compiled, Toolchain, toolchain
 from mpsearch.targets._verdict import Verified, failure_of, target_tolerance
 
-__all__ = ["TargetVerifier", "fingerprint", "placement_record", "target_for",
-           "toolchain_version"]
+__all__ = ["AUTO_FLOOR", "AUTO_SECONDS", "TargetVerifier", "fingerprint", "placement_record",
+           "target_for", "toolchain_version"]
 
 logger = logging.getLogger(__name__)
+
+#: ``evaluation.target_samples: auto``: the samples a point's verification may take, in seconds
+#: of the target's time a sample, and the fewest it runs whatever that time (with fewer, one
+#: sample is more than three points of the metric).
+AUTO_SECONDS = 60.0
+AUTO_FLOOR = 32
 
 
 def target_for(profile: HardwareProfile) -> Toolchain:
@@ -126,6 +133,30 @@ class TargetVerifier:
             if done is not None:
                 done(len(parts[-1]))
         return np.concatenate(parts, axis=0)
+
+    def affordable(self, assignments: Iterable[Assignment], data: Dataset
+                   ) -> tuple[int, float | None]:
+        """How many of ``data``'s first samples the target runs for each assignment in
+        :data:`AUTO_SECONDS` (all when they fit, at least :data:`AUTO_FLOOR`), and the seconds
+        a sample that came from: one sample of the first assignment that compiles, timed
+        after a warm-up run that loads its artifact (None when none compiles)."""
+        one = next(iter(data.batches(1)))
+        for assignment in assignments:
+            try:
+                _, compiled = self.compile(assignment)
+                self.tool.run(compiled, one)
+                start = time.perf_counter()
+                self.tool.run(compiled, one)
+            except TargetError:
+                continue  # its verification records why
+            each = time.perf_counter() - start
+            fits = int(AUTO_SECONDS / max(each, 1e-6))
+            return min(len(data), max(AUTO_FLOOR, fits)), each
+        return len(data), None
+
+    def shown(self, front: Front) -> list[Assignment]:
+        """The assignments of ``front``'s shown points."""
+        return [self._assignment(p) for p in front.shown]
 
     def verify(self, assignment: Assignment, evaluator: Evaluator,
                done: Callable[[int], None] | None = None, *, subset: bool = False

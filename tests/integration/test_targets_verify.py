@@ -144,3 +144,34 @@ def test_every_shown_point_rejected_exits_4_saying_why(tmp_path: Path) -> None:
     assert f"<b>{len(shown)} of {len(shown)} verified point(s) failed on the target</b>" \
         in section
     assert section.count("<td>FAILED: vela could not compile it: ") == len(shown)
+
+
+def test_auto_target_samples_cap_a_slow_emulator_and_keep_a_fast_one_whole(
+        tmp_path: Path) -> None:
+    """``target_samples: auto``: magika (a 1-D CNN on 2048 bytes) takes seconds a sample on
+    the HTP emulator, so of 128 held-out samples each point runs only those that fit a
+    minute (at least the floor); the demo takes milliseconds and runs every sample."""
+    from mpsearch.assignment import uniform_assignment
+    from mpsearch.calibration import calibrate
+    from mpsearch.data import load_data
+    from mpsearch.graph import load_model
+    from mpsearch.profiles import load_profile
+    from mpsearch.quantize import Quantizer
+    from mpsearch.targets._verify import AUTO_FLOOR, AUTO_SECONDS, TargetVerifier
+    from mpsearch.testing import corpus
+
+    def affordable(model: Path, source: Path, where: str) -> tuple[int, float | None, int]:
+        graph, data = load_model(model), load_data(source)
+        held = data.take(128)
+        quantizer = Quantizer(graph, calibrate(graph, data.take(8)), load_profile("qnn_htp"))
+        verifier = TargetVerifier(quantizer, tmp_path / where, next(iter(held.batches(1))))
+        int16 = uniform_assignment(graph, quantizer.profile, "int16")
+        return (*verifier.affordable([int16], held), len(held))
+
+    magika = load_spec(corpus.write_search("magika", tmp_path / "magika", 1))
+    limit, each, held = affordable(Path(magika.model), Path(magika.data.source), "m")
+    assert each is not None and each * held > AUTO_SECONDS, each  # all would not fit
+    assert AUTO_FLOOR <= limit < held
+    assert limit == max(AUTO_FLOOR, int(AUTO_SECONDS / each))
+    limit, each, held = affordable(STREAM_DEMO, DEMO_DATA, "d")
+    assert each is not None and each * held <= AUTO_SECONDS and limit == held == 128

@@ -112,10 +112,16 @@ def test_target_samples_is_checked_and_leaves_the_study_fingerprint_alone(
 
     plain = load_spec(spec(""))
     capped = load_spec(spec("evaluation: {target_samples: 16}\n"))
-    assert (plain.evaluation.target_samples, capped.evaluation.target_samples) == (None, 16)
+    every = load_spec(spec("evaluation: {target_samples: all}\n"))
+    assert [s.evaluation.target_samples for s in (plain, capped, every)] == ["auto", 16, None]
     assert _spec_fingerprint(plain) == _spec_fingerprint(capped)  # --resume still goes on
-    with pytest.raises(SpecError, match=r"s\.yaml:\d+: evaluation\.target_samples must be"):
-        load_spec(spec("evaluation: {target_samples: 0}\n"))
+    for text in (plain, capped, every):  # to_yaml reads back to the same setting
+        again = tmp_path / "again.yaml"
+        again.write_text(text.to_yaml())
+        assert load_spec(again).evaluation.target_samples == text.evaluation.target_samples
+    for bad, words in (("0", "must be >= 1"), ("some", "must be auto, all or a number")):
+        with pytest.raises(SpecError, match=rf"s\.yaml:\d+: evaluation\.target_samples {words}"):
+            load_spec(spec(f"evaluation: {{target_samples: {bad}}}\n"))
 
 
 def test_on_fewer_samples_the_verdict_compares_with_ort_on_the_same_samples() -> None:
