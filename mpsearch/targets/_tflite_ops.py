@@ -194,6 +194,10 @@ def lower_qdq(low: Lowering, node: onnx.NodeProto) -> None:
         return
     if node.name in low.fused:
         return
+    if src not in low.values and src in low.inits:  # folded: e.g. a static length's positions
+        array = low.inits[src]
+        low.values[out] = Value(shape=array.shape, codes=quantize(array, q), q=q)
+        return
     if src not in low.values:  # a producer the writer passed over without writing a value
         low.refuse(node, f"its input {src!r} was not written: its producer has no lowering")
         return
@@ -337,7 +341,10 @@ def lower_gelu(low: Lowering, div: onnx.NodeProto, gelu: Gelu, outputs: Set[str]
     """One GELU operator for a matched erf pattern (:mod:`._gelu`): integer from the
     input's grid to the QuantizeLinear after the pattern, else float."""
     x = low.values.get(gelu.x)
-    if x is None or x.constant:
+    if x is None:
+        low.refuse(div, f"its input {gelu.x!r} was not written: its producer has no lowering")
+        return
+    if x.constant:
         low.refuse(div, "GELU of a constant")
         return
     readers = low.consumers.get(gelu.output, [])

@@ -659,3 +659,38 @@ def test_u55_search_of_a_small_cnn_recommends_a_point_on_the_npu(tmp_path: Path)
     assert abs(point.target_metric - ort_metric) <= 0.01, (point.target_metric, ort_metric)
     cost = point.target_cost
     assert cost is not None and cost["npu_ops"] > 0 and cost["cycles_npu"] > 0
+
+
+def test_position_embeddings_of_a_static_length_are_a_constant_operand(
+        tmp_path: Path, vela: VelaToolchain) -> None:
+    """A BERT export adds ``Gather(position table, Range(0, Shape(ids)[1], 1))``, quantized
+    int16: with the length fixed, the Gather folds to a constant, and its QuantizeLinear
+    writes that constant's codes (it once refused it as "not written", and every GELU after
+    it as "of a constant"). TFLite's int16 ADD rescales with fixed-point multipliers, so an
+    output code may differ from ONNX Runtime's by one step."""
+    out_scale = 0.001
+    model = _qdq_chain("Add", 0.001, out_scale, onnx.TensorProto.INT16, [1, "L", 4])
+    h = onnx.helper
+    graph = model.graph
+    graph.node[2].input.append("pos")
+    table = np.random.default_rng(5).uniform(-1, 1, (16, 4)).astype(np.float32)
+    graph.initializer.extend([
+        onnx.numpy_helper.from_array(table, "table"),
+        h.make_tensor("axis1", onnx.TensorProto.INT64, [], [1]),
+        h.make_tensor("start", onnx.TensorProto.INT64, [], [0]),
+        h.make_tensor("step", onnx.TensorProto.INT64, [], [1]),
+        h.make_tensor("sp", onnx.TensorProto.FLOAT, [], [0.0001])])
+    for i, node in enumerate([
+            h.make_node("Shape", ["x"], ["shape"], name="shape"),
+            h.make_node("Gather", ["shape", "axis1"], ["length"], name="length"),
+            h.make_node("Range", ["start", "length", "step"], ["positions"], name="range"),
+            h.make_node("Gather", ["table", "positions"], ["pos_raw"], name="pos_gather"),
+            h.make_node("QuantizeLinear", ["pos_raw", "sp", "z"], ["posq"], name="q_pos"),
+            h.make_node("DequantizeLinear", ["posq", "sp", "z"], ["pos"], name="dq_pos")]):
+        graph.node.insert(2 + i, node)
+    x = np.random.default_rng(6).uniform(-2, 2, (1, 10, 4)).astype(np.float32)
+    compiled = vela.compile(model, tmp_path, calibration=[{"input": x}], settings={})
+    ours, theirs = vela.run(compiled, {"input": x})[0], _ort(model, x)
+    assert ours.shape == theirs.shape == (1, 10, 4)
+    assert np.abs(ours - theirs).max() <= out_scale * 1.0001
+    assert np.abs(theirs).max() > 1.0  # the positions were added, not dropped
