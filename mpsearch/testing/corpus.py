@@ -810,14 +810,17 @@ ctc_strings_share = _share(ctc_strings)
 nsfw_001_share = _share(nsfw_001)
 yolox_detections_share = _share(yolox_detections)
 confident_classes_share = _share(confident_classes)
+text_maps_share = _share(text_maps)
 
 
 #: Corpus metrics a search spec names by their share form (``mpsearch.testing.corpus:<name>``):
-#: a CTC string, detections, an NSFW probability or embeddings are not the
-#: top-1 of the flattened output that the built-in ``agreement`` compares.
+#: a CTC string, detections, an NSFW probability, embeddings or a text map are not the
+#: top-1 of the flattened output that the built-in ``agreement`` compares (a text map's
+#: largest pixel is one of many near-equal ones, and flips at float rounding).
 SEARCH_METRICS: dict[Metric, str] = {
     m: f"{m.__name__}_share"
-    for m in (cosine_099, ctc_strings, nsfw_001, yolox_detections, confident_classes)}
+    for m in (cosine_099, ctc_strings, nsfw_001, yolox_detections, confident_classes,
+              text_maps)}
 
 
 def model_files(path: Path) -> list[Path]:
