@@ -2,7 +2,8 @@
 
 Consumes a :class:`~mpsearch.graph.ModelGraph`; produces a frozen :class:`ModelSummary`.
 Symbolic dimensions (a dynamic batch) count as 1. MACs are multiply-accumulates of Conv,
-ConvTranspose, Gemm and MatMul (the figure papers publish); FLOPs are 2 x MACs plus every other
+ConvTranspose, Gemm, MatMul (the figure papers publish) and the gates of LSTM, GRU and RNN
+(input and recurrent weights, every step); FLOPs are 2 x MACs plus every other
 node's arithmetic (one FLOP per output element for element-wise ops, more for Softmax and
 normalizations, per kernel window for pooling). Parameters are the float initializers with at
 least one axis (0-d constants such as Clip bounds are not parameters).
@@ -26,6 +27,8 @@ _ELEMENTWISE = frozenset(
     {"Add", "Sub", "Mul", "Div", "Relu", "LeakyRelu", "Clip", "Max", "Min", "Neg", "Abs",
      "Sqrt", "Pow", "Where", "Equal", "Less", "Greater", "PRelu", "Cast"}
 )
+#: Gates of the recurrent ops, each a product of the step's input and of the last output.
+_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 _FLOPS_PER_ELEMENT = {"Sigmoid": 4, "HardSigmoid": 3, "HardSwish": 4, "Tanh": 4, "Exp": 4,
                       "Erf": 4, "Gelu": 8, "Softmax": 5, "BatchNormalization": 2,
                       "LayerNormalization": 8, "InstanceNormalization": 8}
@@ -141,6 +144,13 @@ def _cost(graph: ModelGraph, node: Node) -> tuple[int, int]:
         macs = out * k
         bias = out if op == "Gemm" and len(node.inputs) > 2 and node.inputs[2] else 0
         return macs, 2 * macs + bias
+    if op in _GATES:  # Y: [seq, directions, batch, hidden]
+        x = _dims(graph.shapes.get(node.inputs[0]))
+        hidden = int(node.attributes.get("hidden_size", 0) or 0)
+        if not x or not hidden:
+            return 0, 0
+        macs = out * _GATES[op] * (x[-1] + hidden)
+        return macs, 2 * macs + out * _GATES[op] * 5  # each gate's bias add and activation
     if op in ("MaxPool", "AveragePool"):
         return 0, out * math.prod(node.attributes.get("kernel_shape", (1,)))
     if op in ("GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceSum", "ReduceMax"):

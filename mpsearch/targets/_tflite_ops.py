@@ -259,10 +259,11 @@ def lower_node(low: Lowering, node: onnx.NodeProto, outputs: Set[str]) -> None:
     """Write ``node`` (see the module docstring); records its outputs in ``low.values``."""
     from mpsearch.targets._tflite_extra import EXTRA_WRITERS
     from mpsearch.targets._tflite_moves import MOVE_WRITERS
+    from mpsearch.targets._tflite_rnn import RNN_WRITERS
     from mpsearch.targets._tflite_writers import WRITERS
 
     writer = (EXTRA_WRITERS.get(node.op_type) or WRITERS.get(node.op_type)
-              or MOVE_WRITERS.get(node.op_type))
+              or MOVE_WRITERS.get(node.op_type) or RNN_WRITERS.get(node.op_type))
     if writer is None:
         low.refuse(node, "no TFLite builtin operator is written for this op type")
         return

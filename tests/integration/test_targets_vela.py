@@ -694,3 +694,51 @@ def test_position_embeddings_of_a_static_length_are_a_constant_operand(
     assert ours.shape == theirs.shape == (1, 10, 4)
     assert np.abs(ours - theirs).max() <= out_scale * 1.0001
     assert np.abs(theirs).max() > 1.0  # the positions were added, not dropped
+
+
+def _lstm_model(direction: str, hidden: int, rng: np.random.Generator) -> onnx.ModelProto:
+    """input [N, 6, 3] -> Q/DQ int8 -> Transpose to time-major -> float LSTM (zero initial
+    state, as a CRNN export writes it) -> Y to [N, 6, directions, hidden] -> Q/DQ int8."""
+    h = onnx.helper
+    dirs = 2 if direction == "bidirectional" else 1
+    weights = {"W": (dirs, 4 * hidden, 3), "R": (dirs, 4 * hidden, hidden),
+               "B": (dirs, 8 * hidden)}
+    inits = [onnx.numpy_helper.from_array(rng.uniform(-0.8, 0.8, shape).astype(np.float32), name)
+             for name, shape in weights.items()]
+    inits += [onnx.numpy_helper.from_array(np.zeros((dirs, 1, hidden), np.float32), "h0"),
+              h.make_tensor("si", onnx.TensorProto.FLOAT, [], [0.02]),
+              h.make_tensor("so", onnx.TensorProto.FLOAT, [], [1 / 128]),
+              h.make_tensor("z", onnx.TensorProto.INT8, [], [0])]
+    nodes = [h.make_node("QuantizeLinear", ["input", "si", "z"], ["xq"], name="q_in"),
+             h.make_node("DequantizeLinear", ["xq", "si", "z"], ["x"], name="dq_in"),
+             h.make_node("Transpose", ["x"], ["xt"], name="to_time", perm=[1, 0, 2]),
+             h.make_node("LSTM", ["xt", "W", "R", "B", "", "h0", "h0"], ["y_raw"], name="lstm",
+                         hidden_size=hidden, direction=direction),
+             h.make_node("Transpose", ["y_raw"], ["yt"], name="to_batch", perm=[2, 0, 1, 3]),
+             h.make_node("QuantizeLinear", ["yt", "so", "z"], ["yq"], name="q_out"),
+             h.make_node("DequantizeLinear", ["yq", "so", "z"], ["y"], name="dq_out")]
+    graph = h.make_graph(nodes, "lstm", [h.make_tensor_value_info(
+        "input", onnx.TensorProto.FLOAT, [1, 6, 3])],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], initializer=inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_float_lstm_is_written_for_the_cpu_and_matches_ort(
+        direction: str, tmp_path: Path, vela: VelaToolchain) -> None:
+    """ddddocr's CRNN has a bidirectional LSTM, which Ethos-U has no kernel for and Vela
+    refuses as a float UNIDIRECTIONAL_SEQUENCE_LSTM: written as float operators unrolled
+    over time, Vela leaves them to the CPU and the rest compiles. Three samples in one run,
+    each from a zero state. Both sides compute the LSTM in float; the output's int8
+    rounding may differ by one step."""
+    rng = np.random.default_rng(7)
+    model = _lstm_model(direction, 5, rng)
+    x = rng.uniform(-2, 2, (3, 6, 3)).astype(np.float32)
+    compiled = vela.compile(model, tmp_path, calibration=[{"input": x[:1]}], settings={})
+    lstm = [p for p in compiled.placements if p.node == "lstm"]
+    assert lstm and all(p.unit == "cpu" for p in lstm), compiled.placements
+    ours = vela.run(compiled, {"input": x})[0]
+    theirs = np.concatenate([_ort(model, x[i:i + 1]) for i in range(3)])
+    assert ours.shape == theirs.shape == (3, 6, 2 if direction == "bidirectional" else 1, 5)
+    assert np.abs(ours - theirs).max() <= 1 / 128 + 1e-6
+    assert np.abs(theirs).max() > 0.2  # the LSTM computed something

@@ -95,3 +95,21 @@ def test_transformer_attention_matmuls_counted() -> None:
     summary = summarize(graph)
     matmuls = [n for n in summary.nodes if n.op_type == "MatMul"]
     assert matmuls and all(n.macs > 0 for n in matmuls)
+
+
+def test_lstm_gates_are_counted_every_step() -> None:
+    """A bidirectional LSTM (seq 6, batch 1, 3 features, hidden 5): each step and direction
+    multiplies the input (3) and the last output (5) by four gates' weights."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+             for name, shape in (("W", (2, 20, 3)), ("R", (2, 20, 5)))]
+    graph = helper.make_graph(
+        [helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=5,
+                          direction="bidirectional")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 1, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 2, 1, 5])], inits)
+    summary = summarize(load_model(helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)])))
+    y = 6 * 2 * 1 * 5
+    assert summary.macs == y * 4 * (3 + 5) == 6 * 2 * (20 * 3 + 20 * 5)
+    assert summary.flops == 2 * summary.macs + y * 4 * 5
