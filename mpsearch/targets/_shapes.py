@@ -8,7 +8,7 @@ grids at any opset infer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 
 import numpy as np
 import onnx
@@ -20,6 +20,8 @@ __all__ = ["fixed_input_shapes", "static_shapes"]
 
 _INTEGERS = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16,
                        onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.BOOL})
+#: Float constants folded at most this many elements (an anchor grid, not a weight).
+_SMALL = 1 << 16
 
 
 def fixed_input_shapes(model: onnx.ModelProto,
@@ -61,6 +63,7 @@ def static_shapes(model: onnx.ModelProto, inputs: Mapping[str, tuple[int, ...]]
     copy.CopyFrom(model)
     graph = copy.graph
     inits = {i.name: i for i in graph.initializer}
+    placeholders = set()  # zeros standing in for dequantized constants: shapes only
     nodes = []
     for node in graph.node:
         if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
@@ -68,6 +71,7 @@ def static_shapes(model: onnx.ModelProto, inputs: Mapping[str, tuple[int, ...]]
                 dims = tuple(inits[node.input[0]].dims)
                 graph.initializer.append(numpy_helper.from_array(
                     np.zeros(dims, np.float32), node.output[0]))
+                placeholders.add(node.output[0])
                 continue
             nodes.append(helper.make_node("Identity", [node.input[0]], list(node.output),
                                           name=node.name))
@@ -85,8 +89,8 @@ def static_shapes(model: onnx.ModelProto, inputs: Mapping[str, tuple[int, ...]]
         out.type.tensor_type.ClearField("shape")
     while True:
         shapes = _infer(copy)
-        if all(o in shapes for n in graph.node for o in n.output if o) or not _fold_integers(
-                copy, shapes):
+        if all(o in shapes for n in graph.node for o in n.output if o) or not _fold_constants(
+                copy, shapes, placeholders):
             return shapes
 
 
@@ -106,15 +110,19 @@ def _infer(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _fold_integers(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> bool:
-    """Replace by initializers the nodes computing integer tensors from integer constants
-    (Shape of a statically shaped tensor, Constant, initializers): shape arithmetic. True when
-    any node was replaced."""
+def _fold_constants(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]],
+                    placeholders: Set[str]) -> bool:
+    """Replace by initializers the nodes computing integer tensors, or small float ones, from
+    such constants (Shape of a statically shaped tensor, Constant, initializers): shape
+    arithmetic, and a detector's anchor grid (Range over a length cast to float), whose size
+    shape inference cannot know. The ``placeholders`` (zeros for dequantized constants) are
+    not folded through. True when any node was replaced."""
     from onnx.reference import ReferenceEvaluator
 
     graph = model.graph
     known = {i.name: numpy_helper.to_array(i) for i in graph.initializer
-             if i.data_type in _INTEGERS}
+             if i.name not in placeholders and (
+                 i.data_type in _INTEGERS or int(np.prod(i.dims)) <= _SMALL)}
     kept, folded = [], False
     for node in graph.node:
         value: list[np.ndarray] | None = None
@@ -125,7 +133,8 @@ def _fold_integers(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]
             value = [shape[start:end]]
         elif node.op_type == "Constant":
             attr = node.attribute[0] if node.attribute else None
-            if attr is not None and attr.name == "value" and attr.t.data_type in _INTEGERS:
+            if attr is not None and attr.name == "value" and (
+                    attr.t.data_type in _INTEGERS or int(np.prod(attr.t.dims)) <= _SMALL):
                 value = [numpy_helper.to_array(attr.t)]
         elif node.input and all(not t or t in known for t in node.input) and node.domain in (
                 "", "ai.onnx"):
@@ -135,7 +144,8 @@ def _fold_integers(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]
                 [numpy_helper.from_array(known[t], t) for t in node.input if t]),
                 opset_imports=list(model.opset_import))
             value = [np.asarray(v) for v in ReferenceEvaluator(single).run(None, {})]
-        if value is None or not all(v.dtype.kind in "iub" for v in value):
+        if value is None or not all(v.dtype.kind in "iub" or (v.dtype.kind == "f" and v.size
+                                                              <= _SMALL) for v in value):
             kept.append(node)
             continue
         for name, array in zip(node.output, value, strict=True):

@@ -207,9 +207,10 @@ def _fold(low: Lowering, node: onnx.NodeProto) -> bool:
     if node.op_type in _QDQ or not node.input:
         return False
     if node.op_type == "Shape":
-        if node.input[0] in low.inits:
-            return False
-        shape = np.array(low.shape_of(node.input[0]), np.int64)
+        source = node.input[0]
+        constant = source in low.inits and source not in low.values
+        shape = np.array(low.inits[source].shape if constant else low.shape_of(source),
+                         np.int64)
         start = next((a.i for a in node.attribute if a.name == "start"), 0)
         end = next((a.i for a in node.attribute if a.name == "end"), len(shape))
         low.inits[node.output[0]] = shape[start:end]

@@ -235,10 +235,29 @@ def _gelu(n: Node) -> list[Value]:
 
 
 def _softmax(n: Node) -> list[Value]:
+    """SOFTMAX works on the last axis: another axis (YOLOv8's DFL) is moved there and back
+    by TRANSPOSEs, which move values without computing them."""
     x = n.x(0, nhwc=False)
-    if _axis(n.integer("axis", -1), len(x.shape), False) != len(x.shape) - 1:
-        raise refuse("Softmax over an axis other than the last")
-    return [n.fixed("SOFTMAX", x, x.shape, "SoftmaxOptions", beta=1.0)]
+    rank = len(x.shape)
+    axis = _axis(n.integer("axis", -1), rank, False)
+    if axis == rank - 1:
+        return [n.fixed("SOFTMAX", x, x.shape, "SoftmaxOptions", beta=1.0)]
+    if _opset(n) < 13:
+        raise refuse("Softmax over an axis other than the last before opset 13 (which "
+                     "flattens the axes after it)")
+    perm = list(range(rank))
+    perm[axis], perm[-1] = perm[-1], perm[axis]
+    shape = tuple(x.shape[p] for p in perm)
+    moved = n.emit("TRANSPOSE", (x.index or 0, _i32(n, "to_last", perm)),
+                   n.scratch("to_last", shape, x.q, False))
+    last = Node(n.low, n.proto, n.ins, n.out_q, [f"{n.out_names[0]}_last"])
+    y = last.fixed("SOFTMAX", moved, shape, "SoftmaxOptions", beta=1.0)
+    return [n.emit("TRANSPOSE", (y.index or 0, _i32(n, "back", perm)), n.output(0, x.shape))]
+
+
+def _opset(n: Node) -> int:
+    return next((o.version for o in n.low.model.opset_import if o.domain in ("", "ai.onnx")),
+                1)
 
 
 def _mean(n: Node, x: Value, axes: list[int], keep: bool, code: str = "MEAN") -> list[Value]:

@@ -742,3 +742,53 @@ def test_float_lstm_is_written_for_the_cpu_and_matches_ort(
     assert ours.shape == theirs.shape == (3, 6, 2 if direction == "bidirectional" else 1, 5)
     assert np.abs(ours - theirs).max() <= 1 / 128 + 1e-6
     assert np.abs(theirs).max() > 0.2  # the LSTM computed something
+
+
+def test_softmax_over_a_middle_axis_matches_ort(tmp_path: Path, vela: VelaToolchain) -> None:
+    """YOLOv8's DFL takes an int8 Softmax over axis 1 of [1, 4, 16, anchors]: TRANSPOSEs move
+    the axis last and back around TFLite's SOFTMAX (the moves are exact; TFLite's int8
+    softmax rounds through its lookup table, one output step at most from ORT's)."""
+    model = _qdq_chain("Softmax", 0.05, 1 / 256, onnx.TensorProto.INT8, [1, 4, 16, 6],
+                       out_zero=-128, axis=1)
+    x = np.random.default_rng(8).uniform(-3, 3, (1, 4, 16, 6)).astype(np.float32)
+    compiled = vela.compile(model, tmp_path, calibration=[{"input": x}], settings={})
+    ours, theirs = vela.run(compiled, {"input": x})[0], _ort(model, x)
+    assert ours.shape == theirs.shape == (1, 4, 16, 6)
+    assert np.abs(ours - theirs).max() <= 1 / 256 + 1e-6
+    np.testing.assert_allclose(theirs.sum(axis=1), 1.0, atol=0.05)  # over axis 1 indeed
+
+
+def test_an_anchor_grid_over_a_dynamic_length_is_folded(tmp_path: Path,
+                                                        vela: VelaToolchain) -> None:
+    """A detector head builds its anchor grid as ``Range(0.0, Cast(Shape(x)[1]), 1.0) + 0.5``,
+    quantized between the two: the Range is float, so shape inference cannot know its length,
+    nor the Add's, from the fixed input shape. Folded with the length fixed, the grid has a
+    static shape and the model compiles (nudenet_320n's head once stopped here)."""
+    h = onnx.helper
+    model = _qdq_chain("Add", 0.05, 0.1, onnx.TensorProto.INT8, [1, "L"])
+    graph = model.graph
+    graph.node[2].input.append("grid")
+    graph.initializer.extend([
+        h.make_tensor("one", onnx.TensorProto.INT64, [], [1]),
+        h.make_tensor("start", onnx.TensorProto.FLOAT, [], [0.0]),
+        h.make_tensor("step", onnx.TensorProto.FLOAT, [], [1.0]),
+        h.make_tensor("half", onnx.TensorProto.FLOAT, [], [0.5]),
+        h.make_tensor("sg", onnx.TensorProto.FLOAT, [], [0.05])])
+    for i, node in enumerate([
+            h.make_node("Shape", ["x"], ["shape"], name="shape"),
+            h.make_node("Gather", ["shape", "one"], ["length"], name="length"),
+            h.make_node("Cast", ["length"], ["length_f"], name="cast", to=onnx.TensorProto.FLOAT),
+            h.make_node("Range", ["start", "length_f", "step"], ["cells_raw"], name="range"),
+            h.make_node("QuantizeLinear", ["cells_raw", "sg", "z"], ["cq"], name="q_cells"),
+            h.make_node("DequantizeLinear", ["cq", "sg", "z"], ["cells"], name="dq_cells"),
+            h.make_node("Add", ["cells", "half"], ["centres"], name="centres"),
+            h.make_node("QuantizeLinear", ["centres", "sg", "z"], ["gq"], name="q_grid"),
+            h.make_node("DequantizeLinear", ["gq", "sg", "z"], ["grid"], name="dq_grid")]):
+        graph.node.insert(2 + i, node)
+    x = np.random.default_rng(9).uniform(-2, 2, (1, 5)).astype(np.float32)
+    compiled = vela.compile(model, tmp_path, calibration=[{"input": x}], settings={})
+    ours, theirs = vela.run(compiled, {"input": x})[0], _ort(model, x)
+    assert ours.shape == theirs.shape == (1, 5)
+    assert np.abs(ours - theirs).max() <= 0.1 + 1e-6  # one output step
+    # x plus the cells' centres 0.5 .. 4.5, within the grids' rounding
+    assert np.abs(theirs - (x + np.arange(5) + 0.5)).max() <= 0.1 + 1e-6
