@@ -124,6 +124,36 @@ def test_target_samples_is_checked_and_leaves_the_study_fingerprint_alone(
             load_spec(spec(f"evaluation: {{target_samples: {bad}}}\n"))
 
 
+def test_the_target_sample_count_follows_the_setting_and_a_stopped_run(
+        tmp_path: Path) -> None:
+    """A count is capped at the held-out split and ``all`` runs every sample; with ``auto``
+    a stopped run's records (their ``samples``) decide, so a resumed run compares its new
+    points on the same samples as the kept ones, without timing the target again."""
+    import dataclasses
+
+    from mpsearch.data import load_data
+    from mpsearch.demo import DEMO_DATA, DEMO_MODEL
+    from mpsearch.pipeline._search import _target_samples
+    from mpsearch.spec import load_spec
+
+    path = tmp_path / "s.yaml"
+    path.write_text(f"model: {DEMO_MODEL}\nprofile: qnn_htp\ndata: {{source: {DEMO_DATA}}}\n"
+                    "verify: front\n")
+    spec = load_spec(path)
+    held = load_data(DEMO_DATA).take(100)
+
+    def count(setting: int | str | None, known: dict[str, Verified]) -> int:
+        evaluation = dataclasses.replace(spec.evaluation, target_samples=setting)
+        return _target_samples(dataclasses.replace(spec, evaluation=evaluation),
+                               None, None, held, known)  # type: ignore[arg-type]
+
+    kept = Verified(metric=0.9, placement={}, cost={}, samples=32, ort_metric=0.9)
+    failed = Verified.failed("qnn", "v", "compile", TargetError("no"), 1.0)
+    assert [count(16, {}), count(500, {}), count(None, {})] == [16, 100, 100]
+    assert count("auto", {"a": kept, "b": failed}) == 32
+    assert count(16, {"a": kept}) == 16  # a number the user wrote wins
+
+
 def test_on_fewer_samples_the_verdict_compares_with_ort_on_the_same_samples() -> None:
     subset = Verified(metric=0.90625, placement={}, cost={}, samples=32, ort_metric=0.9375)
     assert failure_of(_point(0.9062), subset, "agreement", 0.01) == (
