@@ -36,7 +36,8 @@ from onnx import helper, numpy_helper, shape_inference, version_converter
 from mpsearch import _normalize
 from mpsearch.errors import ModelError
 
-__all__ = ["QUANTIZABLE_OPS", "ModelGraph", "Node", "TensorInfo", "load_model", "node_model"]
+__all__ = ["QUANTIZABLE_OPS", "ModelGraph", "Node", "TensorInfo", "default_opset", "load_model",
+           "node_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -412,7 +413,8 @@ def _first_line(error: BaseException) -> str:
     return text[0][:200] if text else "no detail"
 
 
-def _default_opset(model: onnx.ModelProto) -> int:
+def default_opset(model: onnx.ModelProto) -> int:
+    """The version of the default (``ai.onnx``) domain ``model`` imports; 0 when none."""
     for entry in model.opset_import:
         if entry.domain in ("", "ai.onnx"):
             return int(entry.version)
@@ -420,7 +422,7 @@ def _default_opset(model: onnx.ModelProto) -> int:
 
 
 def _upgrade_opset(model: onnx.ModelProto, label: str, changes: list[str]) -> onnx.ModelProto:
-    opset = _default_opset(model)
+    opset = default_opset(model)
     if opset >= MIN_OPSET:
         return model
     if opset < _OLDEST_CONVERTIBLE_OPSET:
@@ -527,7 +529,7 @@ def _build(model: onnx.ModelProto, path: str | None, changes: tuple[str, ...]) -
         elem_types=MappingProxyType(elem_types),
         inputs=tuple(_tensor_info(v) for v in graph.input),
         outputs=tuple(_tensor_info(v) for v in graph.output),
-        opset=_default_opset(model),
+        opset=default_opset(model),
         changes=changes,
         fingerprint=_fingerprint(model),
         subgraph_nodes=tuple(_subgraph_nodes(graph)),

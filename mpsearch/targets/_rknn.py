@@ -28,6 +28,7 @@ import onnx
 from onnx import version_converter
 
 from mpsearch.errors import TargetError
+from mpsearch.graph import default_opset
 from mpsearch.targets import _rknn_env as rknn_env
 from mpsearch.targets._base import Compiled, ToolchainCrash, log_tail
 from mpsearch.targets._cpu_cost import with_cpu_estimate
@@ -47,7 +48,7 @@ _REQUEST = "rknn_request.json"
 
 def _for_toolkit(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
     """``model`` at opset <= 19 and an IR version onnx 1.18 reads."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = default_opset(model)
     if opset > MAX_OPSET:
         try:
             model = version_converter.convert_version(model, MAX_OPSET)

@@ -121,8 +121,7 @@ def _fold_constants(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]
 
     graph = model.graph
     known = {i.name: numpy_helper.to_array(i) for i in graph.initializer
-             if i.name not in placeholders and (
-                 i.data_type in _INTEGERS or int(np.prod(i.dims)) <= _SMALL)}
+             if i.name not in placeholders and _foldable(i)}
     kept, folded = [], False
     for node in graph.node:
         value: list[np.ndarray] | None = None
@@ -133,8 +132,7 @@ def _fold_constants(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]
             value = [shape[start:end]]
         elif node.op_type == "Constant":
             attr = node.attribute[0] if node.attribute else None
-            if attr is not None and attr.name == "value" and (
-                    attr.t.data_type in _INTEGERS or int(np.prod(attr.t.dims)) <= _SMALL):
+            if attr is not None and attr.name == "value" and _foldable(attr.t):
                 value = [numpy_helper.to_array(attr.t)]
         elif node.input and all(not t or t in known for t in node.input) and node.domain in (
                 "", "ai.onnx"):
@@ -155,3 +153,8 @@ def _fold_constants(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]
     del graph.node[:]
     graph.node.extend(kept)
     return folded
+
+
+def _foldable(tensor: onnx.TensorProto) -> bool:
+    """Whether a constant is folded through: integer, or small (:data:`_SMALL`)."""
+    return tensor.data_type in _INTEGERS or int(np.prod(tensor.dims)) <= _SMALL

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from mpsearch.graph import default_opset
 from mpsearch.targets._tflite_lower import QParams, Value
 from mpsearch.targets._tflite_ops import Node, limits, nhwc_const, quantize, refuse
 
@@ -242,7 +243,7 @@ def _softmax(n: Node) -> list[Value]:
     axis = _axis(n.integer("axis", -1), rank, False)
     if axis == rank - 1:
         return [n.fixed("SOFTMAX", x, x.shape, "SoftmaxOptions", beta=1.0)]
-    if _opset(n) < 13:
+    if default_opset(n.low.model) < 13:
         raise refuse("Softmax over an axis other than the last before opset 13 (which "
                      "flattens the axes after it)")
     perm = list(range(rank))
@@ -254,10 +255,6 @@ def _softmax(n: Node) -> list[Value]:
     y = last.fixed("SOFTMAX", moved, shape, "SoftmaxOptions", beta=1.0)
     return [n.emit("TRANSPOSE", (y.index or 0, _i32(n, "back", perm)), n.output(0, x.shape))]
 
-
-def _opset(n: Node) -> int:
-    return next((o.version for o in n.low.model.opset_import if o.domain in ("", "ai.onnx")),
-                1)
 
 
 def _mean(n: Node, x: Value, axes: list[int], keep: bool, code: str = "MEAN") -> list[Value]:
