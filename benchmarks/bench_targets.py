@@ -291,12 +291,12 @@ def _search(name: str, tool_name: str, args: argparse.Namespace, work: Path
     """The rows of one short search verified on the target, and its recommendation line."""
     out = work / "search" / tool_name / name
     start = time.perf_counter()
+    calibration = _calibration(name, args)
     try:
-        spec = load_spec(_search_spec(name, out, args.search_trials, _calibration(name, args),
-                                      args.samples))
+        spec = load_spec(_search_spec(name, out, args.search_trials, calibration, args.samples))
         spec = dataclasses.replace(
             spec, profile=PROFILES[tool_name], verify="front", analysis=False,
-            data=dataclasses.replace(spec.data, calibration=_calibration(name, args)),
+            data=dataclasses.replace(spec.data, calibration=calibration),
             evaluation=dataclasses.replace(spec.evaluation, target_samples=args.target_samples))
         front = search_run(spec, out / "run").front
     except Exception as e:  # noqa: BLE001 - a search that fails is a result, the run goes on
