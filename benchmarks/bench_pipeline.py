@@ -32,7 +32,7 @@ calibrate, half the rest held out, the model's own metric. Goal: <= 40 FP32 pass
 
 Also printed per model: the held-out front's best agreement at <= 1.00x, 1.15x and 1.25x the
 uniform INT8 size, and each front point's measured latency (median ORT runs at batch 1 and
-at the evaluation batch, where this host runs the profile's target) beside the profile's
+at the timing batch, where this host runs the profile's target) beside the profile's
 estimate.
 The default spec has ``recovery: auto`` (each method decided per model on the search split);
 the ``recovery`` column names what it chose and its cost in passes (the candidates' scoring;
@@ -347,10 +347,10 @@ def table(rows: Sequence[Row], command: str) -> str:
     batches = ", ".join(f"{r.model} {r.front.latency_batch}" for r in rows)
     lines += ["", "Front points and baselines (held-out agreement with its 95 % Wilson "
               "interval; latency: median ORT runs on this machine relative to FP32's, the "
-              "profile's estimate beside it; the evaluation batch, as many samples as fit "
-              f"the activation budget's share, at most 64: {batches}):", "",
+              "profile's estimate beside it; the timing batch, the spec's batch size up to "
+              f"mpsearch._results.CLOCK_BATCH: {batches}):", "",
               "| model | point | size (x INT8) | agreement | measured latency (x FP32) | "
-              "est. latency (x FP32) | ms, batch 1 | ms, evaluation batch |",
+              "est. latency (x FP32) | ms, batch 1 | ms, timing batch |",
               "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         lines += row.latency_lines()

@@ -16,9 +16,9 @@ The rule (docs/results.md, "The recommendation"):
    meets ..."). Without one: the candidates whose interval reaches the best candidate's metric.
 3. Only where latency is one of the spec's objectives, and only by measurable differences
    (spreads that do not overlap): drop the points measurably slower than FP32 at batch 1 and at
-   the spec's batch alike, unless that leaves none.
+   the timing batch alike, unless that leaves none.
 4. Of those, the smallest (sizes within 0.1 % tie); among ties, where latency is an objective,
-   those no other tied point is measurably faster than at the spec's batch, then at batch 1;
+   those no other tied point is measurably faster than at the timing batch, then at batch 1;
    then the better metric, the fewer distinct formats, the lower index.
 
 A chosen point no smaller than FP32 (beyond the tie) is FP32 itself, and the line says so,
@@ -147,7 +147,7 @@ def formats_used(point: FrontPoint) -> int:
 
 def _pick(points: Sequence[FrontPoint], sign: float, timed: bool) -> FrontPoint:
     """The smallest of ``points`` (sizes within SIZE_TIE tie); then, with ``timed`` (latency
-    is an objective), those no other is measurably faster than at the spec's batch, then at
+    is an objective), those no other is measurably faster than at the timing batch, then at
     batch 1; then the best metric, the fewest formats, the lowest index."""
     smallest = min(p.size for p in points)
     tied = [p for p in points if p.size <= smallest * (1 + SIZE_TIE)]

@@ -4,8 +4,8 @@ Consumes a front entry (a :class:`~mpsearch.rundir.FrontPoint` or :class:`~mpsea
 Baseline`, or its ``front.json`` dict) and FP32's; produces text. A point's latency against
 FP32 reads the same wherever it is shown because every place calls :func:`latency_words`:
 
-- timed, at each batch it was timed at (batch 1 and the spec's batch): "1.18x slower than FP32
-  [1.05-1.32] at batch 1, 1.40x slower [1.30-1.52] at batch 64", the bracket being the ratio's
+- timed, at each batch it was timed at (batch 1 and the timing batch): "1.18x slower than FP32
+  [1.05-1.32] at batch 1, 1.40x slower [1.30-1.52] at batch 8", the bracket being the ratio's
   range over the runs' spreads (the slowest run against FP32's fastest and the reverse);
 - "as fast as FP32 (within the spread)" at a batch where the two spreads overlap: the
   difference is not measurable there, whatever the medians say;
@@ -106,7 +106,7 @@ def _get(entry: Any, name: str) -> Any:
 
 def latency_words(entry: Any, fp32: Any, *, batch: int | None, source: str | None) -> str:
     """``entry``'s latency against ``fp32``'s (each a front point, a baseline or its
-    ``front.json`` dict) at batch 1 and at the spec's ``batch``, in words (module doc);
+    ``front.json`` dict) at batch 1 and at the timing ``batch``, in words (module doc);
     ``source`` is the front's ``latency_source``."""
     parts = []
     batches = [(1, "latency_ms")]

@@ -123,8 +123,9 @@ class Baseline:
     ``latency_abs`` is FP32's own latency in the same unit (seconds when measured).
     ``latency_estimate`` is the profile's estimate relative to FP32 (kept beside a measurement);
     ``latency_ms`` and ``batch_latency_ms`` are the measured medians at batch 1 and at the
-    spec's batch size (:attr:`Front.latency_batch`), by :mod:`mpsearch.clock`; their
-    ``_interval`` fields are the spread of those runs, ``[fastest, slowest]`` ms.
+    timing batch (:attr:`Front.latency_batch`, the spec's batch size up to 8), by
+    :mod:`mpsearch.clock`; their ``_interval`` fields are the spread of those runs,
+    ``[fastest, slowest]`` ms.
     """
 
     metric: float

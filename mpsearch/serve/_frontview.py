@@ -111,7 +111,7 @@ def _ms(entry: Mapping[str, Any], key: str = "latency_ms") -> float | None:
 
 
 def latency(entry: Mapping[str, Any], batch: bool = False) -> Latency:
-    """(ms, [low, high] ms) at batch 1, or at the spec's batch when ``batch``."""
+    """(ms, [low, high] ms) at batch 1, or at the timing batch when ``batch``."""
     key = "batch_latency_ms" if batch else "latency_ms"
     spread = entry.get(f"{key}_interval")
     interval = None
@@ -122,7 +122,7 @@ def latency(entry: Mapping[str, Any], batch: bool = False) -> Latency:
 
 
 def words(entry: Mapping[str, Any], front: Mapping[str, Any]) -> str | None:
-    """``entry``'s latency against FP32 at batch 1 and the spec's batch, in the words the CLI
+    """``entry``'s latency against FP32 at batch 1 and the timing batch, in the words the CLI
     and the report print for it (:func:`mpsearch.rundir.latency_words`); None when unknown."""
     text = latency_words(entry, front.get("fp32") or {}, batch=front.get("latency_batch"),
                          source=front.get("latency_source"))

@@ -8,7 +8,7 @@ which data split it comes from: the front is re-measured on the **held-out** spl
 search never saw), the search itself and a stopped run's partial front use the **search** split.
 Sizes are both the weights as deployed (bytes of the weights in the chosen formats) and the
 exported ``.onnx`` file (graph, scales and zero points included), once it exists. Latency is in
-milliseconds at batch 1 and at the spec's batch, with its spread when measured, and in words
+milliseconds at batch 1 and at the timing batch, with its spread when measured, and in words
 against FP32.
 """
 

@@ -127,7 +127,7 @@ def test_front_latency_is_timed_where_this_host_runs_the_target(searched: Search
     if not measures_latency(profile):
         pytest.skip(f"this host does not run the target of {profile.name} "
                     f"({host_int8_isa().describe()})")
-    assert front.latency_source == "measured" and front.latency_batch == 64
+    assert front.latency_source == "measured" and front.latency_batch == 8
     fp32 = front.fp32
     assert fp32.latency == 1.0 and fp32.latency_ms is not None and fp32.batch_latency_ms
     assert fp32.latency_abs == pytest.approx(fp32.latency_ms / 1e3)
