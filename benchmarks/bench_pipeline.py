@@ -16,7 +16,8 @@ For each model: the default spec (calibration 256 samples, held-out half of the 
 profile for this CPU, 100 trials, analysis for the report on) runs through
 :func:`mpsearch.pipeline.search_run` exactly as the CLI runs it, in a fresh run directory. The
 unit is one FP32 ONNX Runtime pass (2 threads, batch 64) over the same ``--samples`` samples,
-timed in the same process right before and right after (mean); the CPU-time column divides
+the median of five after a warm-up pass, timed in the same process right before and right
+after (mean); the CPU-time column divides
 the process's CPU seconds by one pass's, steadier when other processes share the machine. The
 phases come from the run's own progress reports (the time from a stage's first report to the
 next stage's); "held-out" is the front's re-measure and timing after the last trial. Peak
@@ -133,17 +134,26 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+#: FP32 passes timed for the unit (after a warm-up pass); their medians are the unit.
+UNIT_PASSES = 5
+
+
 def fp32_pass(model: Path, data: Path, samples: int) -> tuple[float, float]:
     """Wall and CPU seconds of one FP32 pass (2 threads, batch 64) over the first ``samples``
-    samples."""
+    samples: the medians of :data:`UNIT_PASSES` passes after a warm-up pass (every batch
+    shape run once). A pass over 150 samples takes a fraction of a second, and one such pass
+    timed alone varied by nearly 2x between runs."""
     dataset = load_data(data).take(samples)
     session = create_session(load_model(model).model, threads=2)
     batches = list(dataset.batches(64))
-    session.run(batches[0])  # warm-up
-    start, cpu = time.perf_counter(), _cpu()
-    for feeds in batches:
-        session.run(feeds)
-    return time.perf_counter() - start, _cpu() - cpu
+    walls, cpus = [], []
+    for _ in range(UNIT_PASSES + 1):
+        start, cpu = time.perf_counter(), _cpu()
+        for feeds in batches:
+            session.run(feeds)
+        walls.append(time.perf_counter() - start)
+        cpus.append(_cpu() - cpu)
+    return float(np.median(walls[1:])), float(np.median(cpus[1:]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,8 +339,9 @@ def compare(fast: Row, slow: Row) -> str:
 def table(rows: Sequence[Row], command: str) -> str:
     lines = ["## Whole search", "",
              f"Command: `{command}`. CPU: {host_int8_isa().describe()}; 2 threads. Unit: one "
-             "FP32 ORT pass (batch 64) over the same samples, timed right before and right "
-             "after the search (mean); `passes (CPU time)` divides the process's CPU seconds "
+             "FP32 ORT pass (batch 64) over the same samples, the median of 5 passes after a "
+             "warm-up pass, timed right before and right after the search (mean of the two); "
+             "`passes (CPU time)` divides the process's CPU seconds "
              "by one pass's, which other processes on a shared machine disturb less than wall "
              "time. Phases (wall) from the run's progress reports; `configs` counts the "
              "measurements of the search split's measurer (analysis rows, group costs, trials; "
