@@ -364,9 +364,9 @@ class _Clock:
         return out
 
 
-#: The largest batch latency is timed at besides batch 1: every configuration shown is run
-#: about a dozen times at each batch, so the timing batch, not the data, sets what the timing
-#: costs; at batch 64 it cost more than the rest of a search on 150 samples.
+#: The largest batch latency is timed at besides batch 1: every configuration of the front is
+#: run about a dozen times at each batch, so the timing batch, not the data, sets what the
+#: timing costs; at batch 64 it was the largest stage of most searches on 150 samples.
 CLOCK_BATCH = 8
 
 #: The share of the activation budget (:func:`mpsearch.evaluate.activation_budget`) the
