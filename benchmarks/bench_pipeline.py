@@ -491,7 +491,8 @@ def _attempt(job: Job) -> tuple[list[Row], list[str]]:
     of the command go on)."""
     try:
         return job()
-    except Exception as e:  # a crash is a result of the benchmark, not the end of it
+    except (Exception, SystemExit) as e:  # a crash is a result of the benchmark, not its end;
+        # a missing model package (real_models raises SystemExit) ends only that run
         args = getattr(job, "args", ())
         what = " ".join(str(a) for a in args[1:] if not isinstance(a, Path)) or "run"
         logging.getLogger(__name__).exception("%s failed", what)
