@@ -381,9 +381,9 @@ def _front_table(front: Mapping[str, Any]) -> str:
     shown = [p for p in points if p.get("shown", True)]
     hidden = [p for p in points if not p.get("shown", True)]
     timing = ("Latency is the median of interleaved ONNX Runtime runs of every built model on "
-              "this machine (batch 1 and the timing batch, the spec's batch size up to 8), "
-              "with the fastest and the slowest run; the words compare it with FP32's; the "
-              "profile's estimate stands beside it. " if measured else
+              f"this machine (batch 1 and batch {front.get('latency_batch')}), with the fastest "
+              "and the slowest run; the words compare it with FP32's; the profile's estimate "
+              "stands beside it. " if measured else
               "Latency is the profile's estimate (relative costs x MACs), not a measurement. ")
     recommendation = front.get("recommendation")
     lead = ("" if not recommendation else

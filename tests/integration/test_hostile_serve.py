@@ -325,10 +325,12 @@ def test_a_trickling_or_stalled_body_gets_a_408(server: Server) -> None:
         client.start()
     for client in clients:
         client.join(timeout=90)
+    latest = {"trickle": 40, "stall": 45}  # seconds: each client's bound of the two tests
     for name, (reply, waited) in replies.items():
         status_line, _, rest = reply.partition(b"\r\n")
         print(f"{name}: {status_line.decode()} after {waited:.1f} s")
-        assert status_line.startswith(b"HTTP/1.1 408") and 29 < waited < 45, (name, reply)
+        assert status_line.startswith(b"HTTP/1.1 408") and 29 < waited < latest[name], (
+            name, reply)
         assert b"x-content-type-options: nosniff" in rest.lower(), (name, reply)
         assert b"the request body paused for 30 s or came slower than 10 kB/s" in rest, name
     assert sorted(replies) == ["stall", "trickle"]
