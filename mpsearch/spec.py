@@ -39,10 +39,10 @@ import yaml
 from mpsearch._yaml import Section, load_yaml
 from mpsearch.errors import SpecError
 
-__all__ = ["MAX_SEED", "MAX_THREADS", "METHODS", "OBJECTIVES", "RECOVERY_METHODS",
-           "SAMPLER_NAMES", "SEARCH_SCORES", "Budget", "CalibrationSpec", "Constraints",
-           "DataSpec", "EvaluationSpec", "Recovery", "SearchSpec", "Thresholds", "load_spec",
-           "machine_threads"]
+__all__ = ["AUTO_SENSITIVITY", "MAX_SEED", "MAX_THREADS", "METHODS", "OBJECTIVES",
+           "RECOVERY_METHODS", "SAMPLER_NAMES", "SEARCH_SCORES", "Budget", "CalibrationSpec",
+           "Constraints", "DataSpec", "EvaluationSpec", "Recovery", "SearchSpec", "Thresholds",
+           "load_spec", "machine_threads"]
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +161,26 @@ def _target_samples(evaluation: Section) -> int | Literal["auto"] | None:
     return int(evaluation.get_int("target_samples", minimum=1))
 
 
+def _sensitivity_samples(evaluation: Section) -> int | Literal["auto"] | None:
+    """``evaluation.sensitivity_samples``: ``auto`` (absent), all (null) or a count."""
+    value = evaluation.data.get("sensitivity_samples", "auto")
+    if value is None:
+        return None
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int):
+        evaluation.fail("sensitivity_samples", "evaluation.sensitivity_samples must be auto, "
+                        f"null (all) or a number of samples, got {value!r}; fix the value")
+    return int(evaluation.get_int("sensitivity_samples", minimum=1))
+
+
+#: ``sensitivity_samples: auto``: half the split the analysis measures, at least the first and
+#: at most the second of these. At 32 of a 43-sample split the one-node costs read nearly the
+#: whole split once per node, the largest fixed cost of a search on a small data set; a split
+#: of 64 or more gets the 32 of before (``benchmarks/bench_pipeline.py`` checks the ranking).
+AUTO_SENSITIVITY = (16, 32)
+
+
 def _check_ints(section: str, values: dict[str, Any], optional: tuple[str, ...] = ()) -> None:
     """:class:`SpecError` for the first of ``values`` (keys of ``section``) outside its
     :data:`_INT_BOUNDS`; a name in ``optional`` may be None."""
@@ -258,7 +278,8 @@ class CalibrationSpec:
 class EvaluationSpec:
     """``evaluation``: how configurations are measured. ``batch_size`` and ``threads`` of ONNX
     Runtime (threads capped at this machine's CPUs), ``chunks`` a trial is raced in, the
-    ``sensitivity_samples`` one-node costs are measured on (None: all), ``search_score``
+    ``sensitivity_samples`` one-node costs are measured on (None: all; ``"auto"``:
+    :data:`AUTO_SENSITIVITY`), ``search_score``
     (:data:`SEARCH_SCORES`) and the first ``target_samples`` held-out samples a ``verify``
     toolchain runs (None: all; ``"auto"``: all those a point's verification runs in about a
     minute, at least 32, since an emulator can take seconds a sample)."""
@@ -266,18 +287,26 @@ class EvaluationSpec:
     batch_size: int = 64
     threads: int = 2
     chunks: int = 4
-    sensitivity_samples: int | None = 32
+    sensitivity_samples: int | Literal["auto"] | None = "auto"
     search_score: str = "auto"
     target_samples: int | Literal["auto"] | None = "auto"
 
     def __post_init__(self) -> None:
-        counts = {"batch_size": self.batch_size, "threads": self.threads,
-                  "chunks": self.chunks, "sensitivity_samples": self.sensitivity_samples}
-        if self.target_samples != "auto":
-            counts["target_samples"] = self.target_samples
+        counts = {"batch_size": self.batch_size, "threads": self.threads, "chunks": self.chunks}
+        for name in ("sensitivity_samples", "target_samples"):
+            if getattr(self, name) != "auto":
+                counts[name] = getattr(self, name)
         _check_ints("evaluation", counts, optional=("sensitivity_samples", "target_samples"))
         _check_choice("evaluation.search_score", self.search_score, SEARCH_SCORES)
         object.__setattr__(self, "threads", machine_threads(self.threads))
+
+    def sensitivity_count(self, available: int) -> int | None:
+        """How many of a split's ``available`` samples the one-node costs are measured on
+        (None: all of them)."""
+        if self.sensitivity_samples != "auto":
+            return self.sensitivity_samples
+        least, most = AUTO_SENSITIVITY
+        return min(available, max(least, min(most, math.ceil(available / 2))))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -553,7 +582,7 @@ def load_spec(path: str | os.PathLike[str]) -> SearchSpec:
             batch_size=_bounded(evaluation, "batch_size", 64),
             threads=_bounded(evaluation, "threads", 2),
             chunks=_bounded(evaluation, "chunks", 4),
-            sensitivity_samples=evaluation.get_int("sensitivity_samples", 32, minimum=1),
+            sensitivity_samples=_sensitivity_samples(evaluation),
             search_score=evaluation.get_str("search_score", "auto", choices=SEARCH_SCORES),
             target_samples=_target_samples(evaluation)),
     }

@@ -20,8 +20,9 @@ from mpsearch.runtime import ort_version
 from mpsearch.spec import SearchSpec
 
 #: In a search, the report's extra views (the reverse view and the curves) measure at most this
-#: many configurations each; ``mpsearch analyze`` measures them whole.
-REPORT_VIEW_NODES = 16
+#: many configurations each; ``mpsearch analyze`` measures them whole. Each runs a near-whole
+#: model, so at 16 the three views cost more than all the one-node rows of an 80-node model.
+REPORT_VIEW_NODES = 8
 
 
 @contextmanager
@@ -54,7 +55,7 @@ def _spec_measuring(prepared: Prepared, spec: SearchSpec, data: Dataset, run: Ru
     evaluation = spec.evaluation
     return _measuring(prepared, data, run, name, metric=spec.metric,
                       batch_size=evaluation.batch_size, threads=evaluation.threads,
-                      prefix_samples=evaluation.sensitivity_samples if prefix else None)
+                      prefix_samples=evaluation.sensitivity_count(len(data)) if prefix else None)
 
 
 def _write_inputs(run: RunDir, spec: SearchSpec, prepared: Prepared, kind: str) -> None:
@@ -105,7 +106,7 @@ def analyze_run(
     _write_inputs(run, spec, prepared, "analysis")
     evaluation = spec.evaluation
     return analyze_prepared(prepared, run, metric=spec.metric,
-                            samples=evaluation.sensitivity_samples,
+                            samples=evaluation.sensitivity_count(len(prepared.validation)),
                             batch_size=evaluation.batch_size, threads=evaluation.threads,
                             progress=progress, formats=spec.formats, proxy=proxy,
                             reverse=reverse, curve=curve, thresholds=thresholds)

@@ -79,6 +79,8 @@ def search_run(
     prepared = prepare(spec, run, progress=progress)
     search_data, held_data = _splits(prepared, spec)
     prepared = prepared.without_samples()  # the splits above are all the search reads
+    settings = replace(settings, sensitivity_limit=spec.evaluation.sensitivity_count(
+        len(search_data)))  # `auto` is a share of the search split
     inputs = _search_inputs(prepared, spec, search_data)
     check_resume(settings, run.journal, inputs, resume)  # before the run dir is rewritten
     check_measurements(run.measurements)
@@ -89,7 +91,7 @@ def search_run(
         analysis = None
         if spec.analysis:  # the report's node-level views; the search reuses every row
             analysis = analyze(measurer, formats=spec.formats,
-                               samples=spec.evaluation.sensitivity_samples,
+                               samples=settings.sensitivity_limit,
                                reverse_top=REPORT_VIEW_NODES,
                                curve_max_steps=REPORT_VIEW_NODES,
                                measure_above=MEASURE_ABOVE, progress=progress)
@@ -260,7 +262,8 @@ def _search_inputs(prepared: Prepared, spec: SearchSpec, data: Dataset) -> dict[
 
 
 def _search_settings(spec: SearchSpec) -> SearchSettings:
-    """What the search needs of ``spec`` (the search never sees the spec itself)."""
+    """What the search needs of ``spec`` (the search never sees the spec itself), but the
+    sensitivity samples, known once the search split is."""
     constraints, budget, evaluation = spec.constraints, spec.budget, spec.evaluation
     return SearchSettings(
         objectives=spec.objectives, trials=budget.trials, timeout_s=budget.timeout_s,
@@ -269,7 +272,7 @@ def _search_settings(spec: SearchSpec) -> SearchSettings:
         min_metric=constraints.min_metric, max_metric_drop=constraints.max_metric_drop,
         max_size_bytes=constraints.max_size_bytes,
         use_memory_budget=constraints.memory_budget,
-        sensitivity_limit=evaluation.sensitivity_samples, chunks=evaluation.chunks,
+        chunks=evaluation.chunks,
         search_score=evaluation.search_score, seeding=spec.seeding, explore=spec.explore)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from mpsearch.serve._frontview import chart_data, export_index
 from mpsearch.serve._pages import bytes_text, e, error_box, file_form, page, summary_html
 from mpsearch.serve._results import front_section, partial_section
+from mpsearch.spec import AUTO_SENSITIVITY
 
 __all__ = ["job_page", "model_page"]
 
@@ -62,8 +63,9 @@ _HELP = {
     "max_metric_drop": "largest loss of the metric against FP32 a configuration may have "
                        "to count (0.01 = one point of accuracy); empty: no limit",
     "sensitivity_samples": "samples of the search split the per-node analysis measures "
-                           f"each node on; fewer is faster and noisier (default {_SAMPLES}, as "
-                           "a spec's evaluation.sensitivity_samples)",
+                           f"each node on; fewer is faster and noisier (default {_SAMPLES}: "
+                           "half the split, {} to {}, as a spec's evaluation.sensitivity_samples)"
+                           .format(*AUTO_SENSITIVITY),
     "analysis": "before the search, measure each node alone in each format (sensitivity, "
                 "range histograms, accuracy-size curve) for the report and to seed the search",
     "trials": "configurations the search builds and measures; more finds a fuller front",
@@ -111,8 +113,7 @@ def model_page(model: Any, summary: Mapping[str, Any], *, profiles: Sequence[tup
         + _input("max_metric_drop", "max metric drop", value("max_metric_drop", ""), "number",
                  min="0", step="any", placeholder="none")
         + _input("sensitivity_samples", "sensitivity samples",
-                 value("sensitivity_samples", str(_SAMPLES)), "number", min="1",
-                 required="required")
+                 value("sensitivity_samples", ""), "number", min="1", placeholder=_SAMPLES)
         + _input("seed", "seed", value("seed", "0"), "number", min="0")
         + _select("analysis", "per-node analysis in a search",
                   [("on", "on (sensitivity, histograms, curve)"), ("off", "off (faster)")],

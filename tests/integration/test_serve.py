@@ -119,15 +119,16 @@ def test_bundled_model_shows_its_summary_profile_and_form(client: TestClient,
     assert "Optional" not in html
     for name in ("max_metric_drop", "sensitivity_samples", "analysis", "held_out"):
         assert f'<small class="help" id="help-{name}">' in html, name
-    # the sensitivity samples field says what the spec does: 32 by default, written 32
+    # the sensitivity samples field says what the spec does: empty is the spec's auto
     from mpsearch.spec import DataSpec, SearchSpec
 
     default = SearchSpec(model="m", profile="p",
                          data=DataSpec(source="d")).evaluation.sensitivity_samples
-    assert default == 32
-    assert (f'name="sensitivity_samples" id="sensitivity_samples" value="{default}" min="1" '
-            'required="required">') in html
-    assert f"(default {default}, as a spec&#x27;s evaluation.sensitivity_samples)" in html
+    assert default == "auto"
+    assert ('name="sensitivity_samples" id="sensitivity_samples" value="" min="1" '
+            'placeholder="auto">') in html
+    assert ("(default auto: half the split, 16 to 32, as a spec&#x27;s "
+            "evaluation.sensitivity_samples)") in html
     assert 'placeholder="all"' not in html and "64" not in html.split("help-sensitivity")[1][:300]
     again = client.post("/models/bundled", data={"name": "demo.onnx"})  # a second click
     assert again.url.path == page.url.path  # the same entry, not a second one

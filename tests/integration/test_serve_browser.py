@@ -244,7 +244,8 @@ def test_newcomer_path_demo_to_exported_model(server: str, tmp_path: Path, chrom
     assert page.locator("#profile-select option:checked").text_content() == "x86_ort"
     page.wait_for_selector(".profile-card[data-profile='x86_ort']")
     assert page.get_attribute("#step-job", "class") == "step next"
-    assert page.input_value("#sensitivity_samples") == "32"  # the spec's default
+    assert page.input_value("#sensitivity_samples") == ""  # empty: the spec's auto
+    assert page.get_attribute("#sensitivity_samples", "placeholder") == "auto"
     _shot(page, tmp_path, "02-model.png")
 
     # 3: data: the demo's data is preselected; uploading it anyway is confirmed

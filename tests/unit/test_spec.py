@@ -72,6 +72,11 @@ BAD = [
      r"unknown key 'smooth_quant' in recovery; did you mean 'smoothquant'\?"),
     (GOOD + "evaluation: {search_score: kl}\n",
      r"spec\.yaml:5: evaluation\.search_score must be one of auto, metric, sqnr, got 'kl'"),
+    (GOOD + "evaluation: {sensitivity_samples: half}\n",
+     r"spec\.yaml:5: evaluation\.sensitivity_samples must be auto, null \(all\) or a number "
+     r"of samples, got 'half'; fix the value"),
+    (GOOD + "evaluation: {sensitivity_samples: 0}\n",
+     r"spec\.yaml:5: evaluation\.sensitivity_samples must be >= 1, got 0"),
 ]
 
 
@@ -119,6 +124,22 @@ def test_recovery_defaults_to_auto_and_round_trips(tmp_path: Path) -> None:
     scored = load_spec(_write(tmp_path, GOOD + "evaluation: {search_score: sqnr}\n"))
     again.write_text(scored.to_yaml())
     assert load_spec(again).evaluation.search_score == "sqnr"
+
+
+def test_sensitivity_samples_auto_is_half_the_split_within_bounds(tmp_path: Path) -> None:
+    """``auto`` (the default) measures half the split, at least 16 and at most 32 samples
+    (all of a smaller split); a count is taken as written, null is every sample; each reads
+    back from its own to_yaml()."""
+    auto = load_spec(_write(tmp_path, GOOD)).evaluation
+    assert auto.sensitivity_samples == "auto"
+    assert [auto.sensitivity_count(n) for n in (1, 10, 16, 20, 43, 63, 64, 65, 450)] == [
+        1, 10, 16, 16, 22, 32, 32, 32, 32]
+    again = tmp_path / "again.yaml"
+    for text, count in (("auto", 22), ("7", 7), ("null", None)):
+        spec = load_spec(_write(tmp_path, GOOD + f"evaluation: {{sensitivity_samples: {text}}}\n"))
+        assert spec.evaluation.sensitivity_count(43) == count
+        again.write_text(spec.to_yaml())
+        assert load_spec(again).evaluation == spec.evaluation
 
 
 def test_paths_resolve_relative_to_the_spec() -> None:
