@@ -77,8 +77,19 @@ def _settings(run: RunDir, measured: str | None = None) -> str:
     if spec.get("analysis") is False:
         words.append("no per-node analysis")
     else:
-        words.append(f"{evaluation.get('sensitivity_samples', '-')} sensitivity samples")
+        words.append(f"{_sensitivity_samples(run, evaluation)} sensitivity samples")
     return ", ".join(words)
+
+
+def _sensitivity_samples(run: RunDir, evaluation: Mapping[str, Any]) -> str:
+    """The spec's ``sensitivity_samples``, with the count ``auto`` took once the analysis
+    wrote it ("auto (22)")."""
+    setting = evaluation.get("sensitivity_samples", "auto")
+    if setting is None:
+        return "all"
+    analysis = read_json(run.path / "sensitivity.json")
+    used = analysis.get("samples") if isinstance(analysis, dict) else None
+    return f"auto ({used})" if setting == "auto" and isinstance(used, int) else str(setting)
 
 
 def _formats(front: Mapping[str, Any]) -> str:

@@ -51,6 +51,21 @@ def test_metric_auto_says_what_it_became(tmp_path: Path) -> None:
     assert metric_note(tmp_path, "agreement") is None  # the user named it
 
 
+def test_the_settings_say_what_sensitivity_samples_auto_took(tmp_path: Path) -> None:
+    from mpsearch.rundir import RunDir
+    from mpsearch.serve._summaries import _sensitivity_samples
+
+    run = RunDir(tmp_path)
+    assert _sensitivity_samples(run, {}) == "auto"  # the analysis has not written its count
+    (tmp_path / "sensitivity.json").write_text('{"samples": 22, "nodes": []}')
+    assert _sensitivity_samples(run, {}) == "auto (22)"
+    assert _sensitivity_samples(run, {"sensitivity_samples": "auto"}) == "auto (22)"
+    assert _sensitivity_samples(run, {"sensitivity_samples": 32}) == "32"
+    assert _sensitivity_samples(run, {"sensitivity_samples": None}) == "all"
+    (tmp_path / "sensitivity.json").write_text("[1, 2]")  # damaged: the setting alone
+    assert _sensitivity_samples(run, {}) == "auto"
+
+
 def _failed(front: dict[str, Any], *indexes: int) -> dict[str, Any]:
     """``front`` with the given points verified on vela and rejected, the others verified
     and passed, as ``verify: front`` writes them."""
