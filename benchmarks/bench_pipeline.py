@@ -64,6 +64,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -490,6 +491,7 @@ def qnn_row(args: argparse.Namespace, key: str, tmp: Path) -> tuple[list[Row], l
 
 
 Job = Callable[[], tuple[list[Row], list[str]]]
+T = TypeVar("T")
 
 
 def jobs(args: argparse.Namespace, tmp: Path) -> list[Job]:
@@ -510,7 +512,7 @@ def imagenet_rows(args: argparse.Namespace, tmp: Path) -> tuple[list[Row], list[
     notes: list[str] = []
     if not args.models:
         return rows, notes
-    paths = _real_models()
+    paths = _spawned(_real_models)  # built apart: an export's torch is not the search's RSS
     subset = tmp / "photos.npz"  # the first --samples photos, as the search sees them
     with np.load(paths["photos"]) as archive:
         np.savez(subset, input=archive["input"][: args.samples])
@@ -533,12 +535,17 @@ def _attempt(job: Job) -> tuple[list[Row], list[str]]:
     """``job``'s rows and notes, run in a process of its own (spawned: its peak RSS is its
     own, not what the earlier runs left in the process); a run that fails is a note with its
     error (the other runs of the command go on)."""
+    try:
+        return _spawned(_run, job)
+    except BrokenProcessPool as e:  # killed (out of memory) or crashed in ONNX Runtime
+        return [], [f"- {_what(job)}: **failed**: its process died: {e}"]
+
+
+def _spawned(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a fresh process (spawned, not forked: nothing of this one's memory)."""
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        try:
-            return pool.submit(_run, job).result()
-        except BrokenProcessPool as e:  # killed (out of memory) or crashed in ONNX Runtime
-            return [], [f"- {_what(job)}: **failed**: its process died: {e}"]
+        return pool.submit(fn, *args).result()
 
 
 def _what(job: Job) -> str:
