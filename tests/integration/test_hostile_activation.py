@@ -42,7 +42,7 @@ def _snapshot(root: Path) -> dict[str, str]:
 
 
 def _quantize(model: Path, data: Path, out: Path, *flags: str) -> list[str]:
-    return [*flags, "quantize", str(model), "--profile", "x86_ort", "--data", str(data),
+    return [*flags, "quantize", str(model), "--profile", "x86_ort_auto", "--data", str(data),
             "--uniform", "int8", "--out", str(out), "--calibration-samples", "8"]
 
 

@@ -151,7 +151,7 @@ def _matmul_data(path: Path, n: int = 40) -> Path:
 
 
 def _quantize(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
-    return ["quantize", str(model), "--profile", "x86_ort", "--data", str(data), "--uniform",
+    return ["quantize", str(model), "--profile", "x86_ort_auto", "--data", str(data), "--uniform",
             "int8", "--out", str(out), "--calibration-samples", "8", *extra]
 
 
@@ -259,7 +259,7 @@ def test_inf_only_in_validation_split_names_the_file_sample(tmp_path: Path) -> N
 # -- spec values and CLI overrides -------------------------------------------------------------
 def _spec(tmp: Path, extra: str = "", name: str = "spec.yaml", trials: int = 3) -> Path:
     path = tmp / name
-    path.write_text(f"model: {RESNET}\nprofile: x86_ort\n"
+    path.write_text(f"model: {RESNET}\nprofile: x86_ort_auto\n"
                     f"data: {{source: {DIGITS}, calibration: 32, held_out: 0.5, seed: 0}}\n"
                     f"metric: accuracy\nbudget: {{trials: {trials}, patience: 0}}\n"
                     f"analysis: false\n{extra}")
@@ -297,7 +297,7 @@ def test_hostile_spec_exits_2(case: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("value", ["0", "-7"])
 def test_calibration_samples_flag_is_checked(value: str, tmp_path: Path) -> None:
     out = tmp_path / "q.onnx"
-    argv = ["quantize", str(RESNET), "--profile", "x86_ort", "--data", str(DIGITS),
+    argv = ["quantize", str(RESNET), "--profile", "x86_ort_auto", "--data", str(DIGITS),
             "--uniform", "int8", "--out", str(out), "--calibration-samples", value]
     _check_failure(tmp_path, argv, out, 2, f"data.calibration (--calibration-samples) must be "
                    f"at least 1, got {value}")
@@ -471,7 +471,7 @@ def test_ctrl_c_in_calibrate_exits_130(tmp_path: Path) -> None:
 
 def test_ctrl_c_in_quantize_calibration_exits_130(tmp_path: Path) -> None:
     out = tmp_path / "out" / "q.onnx"
-    argv = ["quantize", str(RESNET), "--profile", "x86_ort", "--data",
+    argv = ["quantize", str(RESNET), "--profile", "x86_ort_auto", "--data",
             str(_big_data(tmp_path, 6000)), "--uniform", "int8", "--out", str(out),
             "--calibration-samples", "3000"]
     _check_interrupted(*_interrupt(argv, tmp_path, "calibrate"), out)
@@ -483,7 +483,7 @@ def test_ctrl_c_before_the_search_leaves_no_run(stage: str, analysis: bool,
                                                 tmp_path: Path) -> None:
     data = _big_data(tmp_path, 6000)
     spec = tmp_path / "spec.yaml"
-    spec.write_text(f"model: {RESNET}\nprofile: x86_ort\n"
+    spec.write_text(f"model: {RESNET}\nprofile: x86_ort_auto\n"
                     f"data: {{source: {data}, calibration: 3000, held_out: 0.5, seed: 0}}\n"
                     f"metric: accuracy\nbudget: {{trials: 50}}\n"
                     f"analysis: {str(analysis).lower()}\n")
@@ -537,7 +537,7 @@ def test_node_named_like_a_formula_is_quoted_in_the_run_csv(tmp_path: Path) -> N
         helper.make_node("MatMul", ["x", "W"], ["h"], name='=HYPERLINK("http://evil")'),
         helper.make_node("Relu", ["h"], ["y"], name="@relu")])
     out = tmp_path / "run"
-    code, err, _ = _run(["analyze", str(model), "--profile", "x86_ort", "--data",
+    code, err, _ = _run(["analyze", str(model), "--profile", "x86_ort_auto", "--data",
                          str(_matmul_data(tmp_path / "d.npz")), "--out", str(out),
                          "--calibration-samples", "8", "--no-report"], tmp_path)
     assert code == 0, err
