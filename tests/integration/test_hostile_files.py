@@ -55,7 +55,7 @@ def _snapshot(root: Path, skip: Path) -> dict[str, str]:
 
 def _spec(tmp: Path, trials: int) -> Path:
     path = tmp / "spec.yaml"
-    path.write_text(f"model: {RESNET}\nprofile: x86_ort\n"
+    path.write_text(f"model: {RESNET}\nprofile: x86_ort_auto\n"
                     f"data: {{source: {DIGITS}, calibration: 32, held_out: 0.5, seed: 0}}\n"
                     f"metric: accuracy\nbudget: {{trials: {trials}, patience: 0}}\n"
                     "analysis: false\n")
@@ -198,7 +198,7 @@ def test_hostile_assignment_exits_2(make: Callable[[Path], Path], message: str,
     assignment = make(tmp_path)
     out = tmp_path / "out" / "q.onnx"
     before = _snapshot(tmp_path, tmp_path / "out")
-    code, lines, peak = _run(["quantize", str(RESNET), "--profile", "x86_ort", "--data",
+    code, lines, peak = _run(["quantize", str(RESNET), "--profile", "x86_ort_auto", "--data",
                               str(DIGITS), "--assignment", str(assignment), "--out", str(out)],
                              tmp_path)
     assert code == 2 and len(lines) == 1, lines
