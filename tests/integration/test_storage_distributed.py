@@ -61,7 +61,7 @@ def test_killed_postgres_worker_trial_is_failed_and_retried(
     (tmp_path / "slow_metric.py").write_text(SLOW_METRIC)
     spec = tmp_path / "spec.yaml"
     spec.write_text(
-        f"model: {MODEL}\nprofile: x86_ort\n"
+        f"model: {MODEL}\nprofile: x86_ort_auto\n"
         f"data: {{source: {DATA}, calibration: 32, held_out: 0.5, seed: 0}}\n"
         "metric: slow_metric:accuracy\n"
         f"budget: {{trials: {TRIALS}, patience: 0}}\n"
