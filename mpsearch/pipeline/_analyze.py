@@ -49,13 +49,14 @@ def _measuring(prepared: Prepared, data: Dataset, run: RunDir | None, name: str,
 
 
 def _spec_measuring(prepared: Prepared, spec: SearchSpec, data: Dataset, run: RunDir,
-                    name: str, *, prefix: bool = False) -> AbstractContextManager[Measurer]:
-    """:func:`_measuring` with the spec's settings; ``prefix``: configurations measured on
-    the sensitivity samples run only what they change."""
+                    name: str, *, prefix_samples: int | None = None
+                    ) -> AbstractContextManager[Measurer]:
+    """:func:`_measuring` with the spec's settings; configurations measured on the first
+    ``prefix_samples`` samples (the sensitivity samples) run only what they change."""
     evaluation = spec.evaluation
     return _measuring(prepared, data, run, name, metric=spec.metric,
                       batch_size=evaluation.batch_size, threads=evaluation.threads,
-                      prefix_samples=evaluation.sensitivity_count(len(data)) if prefix else None)
+                      prefix_samples=prefix_samples)
 
 
 def _write_inputs(run: RunDir, spec: SearchSpec, prepared: Prepared, kind: str) -> None:

@@ -87,7 +87,8 @@ def search_run(
     verifier = _verifier(spec, prepared, run.path, held_data)
     _write_inputs(run, spec, prepared, "search")
     _write_model_info(run, prepared)
-    with _spec_measuring(prepared, spec, search_data, run, "search", prefix=True) as measurer:
+    with _spec_measuring(prepared, spec, search_data, run, "search",
+                         prefix_samples=settings.sensitivity_limit) as measurer:
         analysis = None
         if spec.analysis:  # the report's node-level views; the search reuses every row
             analysis = analyze(measurer, formats=spec.formats,
