@@ -180,11 +180,13 @@ class Evaluation:
 
 
 class Evaluator:
-    """Scores candidate models on ``data`` against the FP32 model's outputs (computed once)."""
+    """Scores candidate models on ``data`` against the FP32 model's outputs (computed once).
+    ``fused_int8`` False runs candidates' Q/DQ as written, where the host's fused int8 kernels
+    would not compute what the target does (:func:`mpsearch.profiles.runs_fused_int8`)."""
 
     def __init__(
         self, graph: ModelGraph, data: Dataset, *, metric: str | None = None,
-        batch_size: int = 64, threads: int = 2,
+        batch_size: int = 64, threads: int = 2, fused_int8: bool = True,
     ) -> None:
         if len(data) == 0:
             raise DataError(f"{data.source}: no samples to evaluate on")
@@ -193,6 +195,7 @@ class Evaluator:
         batch_size = evaluation_batch(graph, batch_size)
         self.batch_size = batch_size
         self.threads = threads
+        self.fused_int8 = fused_int8
         self.output = graph.outputs[0].name
         self.primary = resolve_metric(metric or ("accuracy" if data.labels is not None
                                                  else "agreement"))
@@ -242,7 +245,7 @@ class Evaluator:
 
     def session(self, model: onnx.ModelProto | bytes) -> Session:
         return create_session(model, threads=self.threads, label="candidate", shared=self.shared,
-                              pooled=True)
+                              pooled=True, fused_int8=self.fused_int8)
 
     def outputs(self, model: onnx.ModelProto | bytes | Session) -> np.ndarray:
         """The primary output of ``model`` on every sample (rows aligned with ``reference``)."""

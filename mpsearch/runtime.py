@@ -35,6 +35,8 @@ ort.set_default_logger_severity(3)
 #: Session option: draw memory from the allocators registered with ONNX Runtime's environment.
 _USE_ENV_ALLOCATORS = "session.use_env_allocators"
 _ALLOW_SPINNING = "session.intra_op.allow_spinning"
+#: Session option: no QDQ fusion, so Q and DQ nodes run as written around float operators.
+_DISABLE_QDQ_FUSION = "session.disable_quant_qdq"
 _pool_lock = threading.Lock()
 _pool_ready = False
 
@@ -254,13 +256,17 @@ def create_session(
     shared: SharedWeights | None = None,
     pooled: bool = False,
     arena: bool = True,
+    fused_int8: bool = True,
 ) -> Session:
     """Open a CPU session. ``extra_outputs`` exposes intermediate tensors as outputs;
     ``shared``: a ``ModelProto``'s initializers equal to those are read from its file;
     ``pooled``: memory from the process's one pool (:func:`_memory_pool`), for the many
     short-lived sessions of measurements (not for calibration's, whose peak it would keep);
     ``arena`` False: no CPU memory arena, so a session whose few runs move large exposed
-    activations (calibration's) returns their memory after each run instead of keeping it.
+    activations (calibration's) returns their memory after each run instead of keeping it;
+    ``fused_int8`` False: a QDQ model runs as written (DQ -> float op -> Q, its weights' DQ still
+    folded), the exact arithmetic of an integer target, for a host whose fused int8 kernels
+    saturate (:func:`mpsearch.profiles.runs_fused_int8`).
 
     The intra-op threads never spin: mpsearch keeps many sessions open at once and runs them
     in turn, and a spinning pool of one steals the cores of the next, so that identical sessions
@@ -276,6 +282,8 @@ def create_session(
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
     options.add_session_config_entry(_ALLOW_SPINNING, "0")
+    if not fused_int8:
+        options.add_session_config_entry(_DISABLE_QDQ_FUSION, "1")
     options.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL

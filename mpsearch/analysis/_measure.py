@@ -29,6 +29,7 @@ from mpsearch.assignment import assignment_key
 from mpsearch.clock import ROUNDS
 from mpsearch.data import Dataset
 from mpsearch.evaluate import Evaluator, resolve_metric
+from mpsearch.profiles import runs_fused_int8
 from mpsearch.quantize import Quantizer
 from mpsearch.runtime import Session
 
@@ -162,8 +163,9 @@ class Measurer:
     def evaluator(self) -> Evaluator:
         """The evaluator over ``data`` (runs the FP32 model once, on first use)."""
         if self._evaluator is None:
-            self._evaluator = Evaluator(self.quantizer.graph, self.data, metric=self.metric,
-                                        batch_size=self.batch_size, threads=self.threads)
+            self._evaluator = Evaluator(
+                self.quantizer.graph, self.data, metric=self.metric, batch_size=self.batch_size,
+                threads=self.threads, fused_int8=runs_fused_int8(self.quantizer.profile))
         return self._evaluator
 
     @property

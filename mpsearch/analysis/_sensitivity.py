@@ -31,7 +31,7 @@ from mpsearch.analysis._measure import Measurement, Measurer
 from mpsearch.calibration import CalibrationTable
 from mpsearch.data import Dataset
 from mpsearch.graph import ModelGraph, Node, load_model, node_model
-from mpsearch.profiles import HardwareProfile
+from mpsearch.profiles import HardwareProfile, runs_fused_int8
 from mpsearch.progress import Progress, Reporter, steps
 from mpsearch.quantize import Quantizer
 from mpsearch.runtime import create_session
@@ -274,7 +274,7 @@ def _proxy_error(graph: ModelGraph, node: Node, formats: Sequence[str], table: C
     errors = []
     for fmt in formats:
         session = create_session(quantizer.build({node.name: fmt}), threads=threads,
-                                 label=f"{node.name} {fmt}")
+                                 label=f"{node.name} {fmt}", fused_int8=runs_fused_int8(profile))
         test = np.concatenate([session.run({t: b[t] for t in feeds}, [output])[output]
                                for b in batches], axis=0)
         errors.append(kernels.error_stats(reference, test)[1])

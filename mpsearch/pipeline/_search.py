@@ -26,7 +26,7 @@ from mpsearch.pipeline._analyze import (
     _write_model_info,
 )
 from mpsearch.pipeline._prepare import Prepared, _digest, _rundir, _splits, prepare
-from mpsearch.profiles import HardwareProfile, load_profile, measures_latency
+from mpsearch.profiles import HardwareProfile, load_profile, measures_latency, runs_fused_int8
 from mpsearch.progress import Reporter
 from mpsearch.recovery import RecoveryDecision
 from mpsearch.rundir import Front, RunDir, check_measurements
@@ -280,7 +280,8 @@ def _search_settings(spec: SearchSpec) -> SearchSettings:
 def _evaluator(prepared: Prepared, data: Dataset, spec: SearchSpec) -> Evaluator:
     """An evaluator of ``prepared``'s model on ``data`` with the spec's metric and settings."""
     return Evaluator(prepared.graph, data, metric=spec.metric,
-                     batch_size=spec.evaluation.batch_size, threads=spec.evaluation.threads)
+                     batch_size=spec.evaluation.batch_size, threads=spec.evaluation.threads,
+                     fused_int8=runs_fused_int8(prepared.profile))
 
 
 # -- export and quantize ---------------------------------------------------------------------

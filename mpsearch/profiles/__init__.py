@@ -8,6 +8,7 @@ from mpsearch.profiles._cpu import (
     check_profile_for_cpu,
     host_int8_isa,
     measures_latency,
+    runs_fused_int8,
     x86_profile_for,
 )
 from mpsearch.profiles._schema import (
@@ -68,6 +69,7 @@ __all__ = [
     "list_shipped",
     "load_profile",
     "measures_latency",
+    "runs_fused_int8",
     "read_profile",
     "resolve_profile",
     "shipped_profile_path",

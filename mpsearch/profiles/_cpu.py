@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from mpsearch.profiles._types import HardwareProfile
 
 __all__ = ["AUTO_X86_PROFILE", "Int8Isa", "check_profile_for_cpu", "host_int8_isa",
-           "measures_latency", "x86_profile_for"]
+           "measures_latency", "runs_fused_int8", "x86_profile_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,3 +136,14 @@ def measures_latency(profile: HardwareProfile, isa: Int8Isa | None = None) -> bo
     """True when this host runs ``profile``'s target runtime itself (``runtime:
     onnxruntime-cpu`` on an x86 CPU), so latency is timed instead of estimated."""
     return profile.runtime == "onnxruntime-cpu" and (isa or host_int8_isa()).x86
+
+
+def runs_fused_int8(profile: HardwareProfile, isa: Int8Isa | None = None) -> bool:
+    """True when ONNX Runtime's fused int8 kernels on this host compute what ``profile``'s
+    target computes, so candidates may run them; False on a CPU whose kernels saturate when the
+    target is another device (an NPU, a DSP): its integer arithmetic is exact, so the host
+    must run the QDQ model as written to stand in for it. A target that is this CPU's own
+    ONNX Runtime keeps the host's kernels, saturation included (:func:`check_profile_for_cpu`
+    warns when the profile does not suit them)."""
+    isa = isa or host_int8_isa()
+    return isa.exact_int8 or not isa.x86 or measures_latency(profile, isa)

@@ -42,7 +42,7 @@ from mpsearch.assignment import table_format, uniform_assignment
 from mpsearch.data import Dataset
 from mpsearch.evaluate import Evaluator
 from mpsearch.graph import ModelGraph
-from mpsearch.profiles import HardwareProfile
+from mpsearch.profiles import HardwareProfile, runs_fused_int8
 from mpsearch.progress import Progress, Reporter
 from mpsearch.quantize import Quantizer
 from mpsearch.recovery._bias_correction import InputMeans, input_means
@@ -196,7 +196,8 @@ class _Scorer:
     def __init__(self, graph: ModelGraph, profile: HardwareProfile, data: Dataset, *,
                  metric: str | None, threads: int, formats: tuple[str, ...],
                  progress: Reporter | None, total: int) -> None:
-        self.evaluator = Evaluator(graph, data, metric=metric, threads=threads)
+        self.evaluator = Evaluator(graph, data, metric=metric, threads=threads,
+                                   fused_int8=runs_fused_int8(profile))
         self.profile, self.threads, self.formats = profile, threads, formats
         self.scores: dict[str, dict[str, dict[str, float]]] = {}
         self.models: dict[str, dict[str, onnx.ModelProto]] = {}

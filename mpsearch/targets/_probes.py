@@ -25,7 +25,7 @@ from mpsearch.calibration import calibrate
 from mpsearch.data import Dataset
 from mpsearch.errors import MpsearchError, ProfileError
 from mpsearch.graph import load_model
-from mpsearch.profiles import HardwareProfile, OpRule
+from mpsearch.profiles import HardwareProfile, OpRule, runs_fused_int8
 from mpsearch.quantize import Quantizer
 from mpsearch.runtime import create_session
 from mpsearch.targets._base import ACCELERATOR, Toolchain
@@ -251,7 +251,8 @@ def _run_probe(quantizer: Quantizer, tool: Toolchain, op_type: str, fmt: str, cl
     precision = placed[0].precision if placed else "-"
     reason = placed[0].reason if placed else "the node is not in the compiled model"
     try:
-        reference = create_session(model).run({"x": x})
+        fused = runs_fused_int8(quantizer.profile)
+        reference = create_session(model, fused_int8=fused).run({"x": x})
         target = np.concatenate([tool.run(compiled, {"x": x[i:i + 1]})[0]
                                  for i in range(len(x))])
     except MpsearchError as e:
@@ -343,7 +344,8 @@ def _chain(quantizer: Quantizer, tool: Toolchain, op_type: str, before: str, aft
     except MpsearchError as e:
         return ChainResult(**common, unit="error", error=None, reason=str(e)[:300])
     placed = [p for p in compiled.placements if p.node == "probe"]
-    ref = create_session(model).run({"x0": x})["z"].astype(np.float64)
+    ref = create_session(model, fused_int8=runs_fused_int8(quantizer.profile)).run(
+        {"x0": x})["z"].astype(np.float64)
     span = float(ref.max() - ref.min()) or 1.0
     return ChainResult(**common, unit=placed[0].unit if placed else "-",
                        error=float(np.abs(target.astype(np.float64) - ref).max()) / span,
