@@ -9,17 +9,22 @@ from pathlib import Path
 import pytest
 from _paths import ROOT
 
+from mpsearch import host_int8_isa
 from mpsearch.pipeline import search_run
 from mpsearch.spec import load_spec
 
 pytestmark = pytest.mark.slow  # one demo search with recovery decided (~20 s on 2 cores)
 
 
-def test_demo_int8_loses_after_recovery_and_a_point_wins_it_back(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     spec = load_spec(ROOT / "searches" / "demo.yaml")
-    run = search_run(spec, tmp_path / "run")
-    front = json.loads((run.run_dir / "front.json").read_text())
-    recovery = json.loads((run.run_dir / "recovery.json").read_text())
+    return search_run(spec, tmp_path_factory.mktemp("demo") / "run").run_dir
+
+
+def test_demo_int8_loses_after_recovery_and_a_point_wins_it_back(demo_run: Path) -> None:
+    front = json.loads((demo_run / "front.json").read_text())
+    recovery = json.loads((demo_run / "recovery.json").read_text())
     assert set(recovery["decision"]["asked"].values()) == {"auto"}  # the default: decided
     fp32, int8 = front["fp32"], front["uniform"]["int8"]
     # the stream outliers survive every recovery method: >= 5 points lost on held-out data
@@ -28,6 +33,13 @@ def test_demo_int8_loses_after_recovery_and_a_point_wins_it_back(tmp_path: Path)
     near = [p for p in front["points"]
             if p["size"] <= 1.25 * int8["size"] and p["metric"] >= fp32["metric"] - 0.01]
     assert near, [(p["metric"], p["size"]) for p in front["points"]]
-    # with a trade-off to show: three or more points survive on held-out data
+
+
+@pytest.mark.xfail(not host_int8_isa().exact_int8, strict=True, reason=(
+    "x86_ort_avx2's 7-bit weights: recovery leaves uniform INT8 at 0.07, the search finds "
+    "two accuracy levels (0.963 at 38.0 kB, 0.988 at 43.6 kB) and nothing between them"))
+def test_demo_shows_three_points_of_trade_off(demo_run: Path) -> None:
+    front = json.loads((demo_run / "front.json").read_text())
+    # three or more searched points survive on held-out data
     shown = [(p["metric"], p["size"]) for p in front["points"] if p["shown"]]
     assert len(shown) >= 3, shown

@@ -142,22 +142,25 @@ def _exact_accuracy(model: onnx.ModelProto, x: np.ndarray, y: np.ndarray) -> flo
     from onnx.reference import ReferenceEvaluator
     from onnx.version_converter import convert_version
 
+    codes = [n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear"]
     standard = onnx.ModelProto()
     standard.CopyFrom(model)
     for node in standard.graph.node:  # 16-bit Q/DQ below opset 21 live in com.microsoft
         if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
             node.domain = ""
     reference = ReferenceEvaluator(convert_version(standard, 21))  # its Q/DQ need opset >= 19
-    (numpy_logits,) = reference.run(["logits"], {"input": x})
-    (ort_logits,) = _fake_quant_session(model).run(["logits"], {"input": x})
-    # Both round x / scale half-to-even, but ORT's 16-bit QuantizeLinear may land a tie on the
-    # other side, never a prediction. On the demo's stream, whose per-tensor ranges the same
-    # constant channel sets, an Add of two tensors on (nearly) one grid lands on ties often:
-    # a 16-bit build then differs on many logits, each by about one 16-bit step (< 0.2 % of the
-    # logits' range); an 8-bit step is 256x coarser, so an 8-bit build differs on a handful.
-    differs = ~np.isclose(ort_logits, numpy_logits, rtol=1e-5, atol=1e-5)
-    step_level = np.abs(ort_logits - numpy_logits).max() <= 2e-3 * np.abs(numpy_logits).max()
-    assert differs.mean() <= 0.01 or step_level
+    numpy_logits, *numpy_codes = reference.run(["logits", *codes], {"input": x})
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    exposed.graph.output.extend(onnx.ValueInfoProto(name=c) for c in codes)
+    ort_logits, *ort_codes = _fake_quant_session(exposed).run(["logits", *codes], {"input": x})
+    # Both round x / scale half-to-even, but ORT's float kernels sum in another order than
+    # NumPy's, so a value on a tie may land on the other code; on the demo's stream, whose
+    # per-tensor ranges the same constant channel sets, ties are common. Such a code differs by
+    # one step, and by a few where later Adds and pools carry two flips: never a prediction.
+    for name, ours, theirs in zip(codes, numpy_codes, ort_codes, strict=True):
+        apart = np.abs(ours.astype(np.int64) - theirs.astype(np.int64))
+        assert apart.max() <= 3, (name, int(apart.max()))
     assert (ort_logits.argmax(1) == numpy_logits.argmax(1)).all()
     return float((numpy_logits.argmax(1) == y).mean())
 

@@ -228,13 +228,15 @@ def test_uniform_int8_matches_ort_quantize_static(
     # differ in which near-tie sequences flip, so counts are compared as a paired difference:
     # ORT may win at most two standard deviations of it (sign test). This table's rows differ
     # in norm by design, where one scale a row is the right choice: that configuration keeps
-    # at least ORT's output SQNR; one scale a column costs 0.1 dB of it here.
+    # at least ORT's output SQNR. One scale a column costs 0.1 dB of it with 8-bit weights and
+    # 0.74 dB with 7-bit ones (13.45 -> 12.71 dB), whose grid is twice as coarse.
     for ours in ("ours", "ours_rows"):
         ours_only = int((agrees[ours] & ~agrees["ort"]).sum())
         ort_only = int((agrees["ort"] & ~agrees[ours]).sum())
         assert ort_only - ours_only <= 2 * math.sqrt(ours_only + ort_only)
     assert sqnr["ours_rows"] >= sqnr["ort"]
-    assert sqnr["ours"] == pytest.approx(sqnr["ours_rows"], abs=0.25)
+    column_cost = 0.25 if mpsearch.host_int8_isa().exact_int8 else 1.0
+    assert sqnr["ours_rows"] - column_cost <= sqnr["ours"] <= sqnr["ours_rows"]
 
 
 def test_int16_keeps_the_table_in_int8_and_runs(bert: tuple[Path, ModelGraph, np.ndarray]
