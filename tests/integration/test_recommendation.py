@@ -80,13 +80,17 @@ def test_demo_recommendation_is_stable_measured_and_worded_once(
     for front, printed in runs:
         assert front.recommended is not None, front.recommendation
         point = next(p for p in front.points if p.index == front.recommended)
-        # never measurably slower than uniform INT8 at the spec's batch while no smaller
-        int8 = front.uniform["int8"]
-        assert point.metric >= front.fp32.metric - DEMO_DROP
-        if point.size * (1 + SIZE_TIE) >= int8.size:
+        # never measurably slower at the spec's batch than a point or uniform INT8 that meets
+        # the floor at no larger a size (the demo's INT8 does not: it loses 41 points, 91 with
+        # x86_ort_avx2's 7-bit weights, and a larger point may be slower than it)
+        floor = front.fp32.metric - DEMO_DROP
+        assert point.metric >= floor
+        rivals = [r for r in (*front.points, *front.uniform.values())
+                  if r.metric >= floor and r.size <= point.size * (1 + SIZE_TIE)]
+        for rival in rivals:
             assert not measurably_slower(point.batch_latency_ms_interval,
-                                         int8.batch_latency_ms_interval), (
-                point.batch_latency_ms_interval, int8.batch_latency_ms_interval)
+                                         rival.batch_latency_ms_interval), (
+                point.batch_latency_ms_interval, rival)
         _no_shown_ties(front)
         # one wording: the table row, the recommendation line, front.json
         words = front.latency_words(point)
