@@ -106,15 +106,28 @@ def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult
         progress(Progress(stage="held-out", done=total - 1, total=total, unit="step"))
     held.release()  # the last point's session and outputs: the clock opens its own
     clock = _Clock(held, summary, spec.evaluation.batch_size)
-    latencies = clock.latencies([{}, *uniforms.values(), *(p.assignment for p in points)])
-    fp32 = Baseline(metric=held.fp32().value, size=model_size(graph, profile, {}),
-                    latency_abs=clock.fp32_abs, **latencies[0])
-    uniform = {fmt: Baseline(metric=metrics[fmt], size=model_size(graph, profile, assignment),
-                             **latencies[1 + i])
-               for i, (fmt, assignment) in enumerate(uniforms.items())}
-    points = [replace(p, **latencies[1 + len(uniforms) + i]) for i, p in enumerate(points)]
-    points = judge(points, {"fp32": fp32, **uniform}, higher_is_better=held.higher_is_better,
-                   timed="latency" in spec.objectives)
+    by_latency = "latency" in spec.objectives
+    assignments = [{}, *uniforms.values(), *(p.assignment for p in points)]
+    count = 1 + len(uniforms)
+
+    def baselines(latencies: Sequence[_Latencies]) -> dict[str, Baseline]:
+        fp32 = Baseline(metric=held.fp32().value, size=model_size(graph, profile, {}),
+                        latency_abs=clock.fp32_abs, **latencies[0])
+        return {"fp32": fp32, **{
+            fmt: Baseline(metric=metrics[fmt], size=model_size(graph, profile, assignment),
+                          **latencies[1 + i])
+            for i, (fmt, assignment) in enumerate(uniforms.items())}}
+
+    timed = None
+    if not by_latency:  # which points are shown needs no latency: time the baselines and those
+        unseen = judge(points, baselines(clock.latencies(assignments, [False] * len(assignments))),
+                       higher_is_better=held.higher_is_better, timed=False)
+        timed = [True] * count + [p.shown for p in unseen]
+    latencies = clock.latencies(assignments, timed)
+    named = baselines(latencies)
+    points = [replace(p, **latencies[count + i]) for i, p in enumerate(points)]
+    points = judge(points, named, higher_is_better=held.higher_is_better, timed=by_latency)
+    fp32, uniform = named["fp32"], {k: v for k, v in named.items() if k != "fp32"}
     front = Front(metric=searched_by.evaluator.primary.name,
                   higher_is_better=searched_by.higher_is_better, objectives=spec.objectives,
                   fp32=fp32, uniform=uniform, points=tuple(points),
@@ -311,8 +324,11 @@ class _Clock:
         when measured); known once :meth:`latencies` ran."""
         return self.fp32_seconds if self.timed else self.fp32_estimate
 
-    def latencies(self, assignments: Sequence[Mapping[str, str]]) -> list[_Latencies]:
-        """The latencies of ``assignments``, the first of which is FP32 (``{}``)."""
+    def latencies(self, assignments: Sequence[Mapping[str, str]],
+                  timed: Sequence[bool] | None = None) -> list[_Latencies]:
+        """The latencies of ``assignments``, the first of which is FP32 (``{}``); ``timed``
+        says which to time (all by default): the others keep the profile's estimate alone,
+        with no measured latency, unless they share a timed one's configuration."""
         graph = self.held.quantizer.graph
         out: list[_Latencies] = []
         for assignment in assignments:
@@ -322,15 +338,24 @@ class _Clock:
             out.append({"latency": relative, "latency_estimate": relative})
         if not self.timed:
             return out
+        if timed is None:
+            timed = [True] * len(assignments)
         # One timing per distinct model: a front point that is a baseline's own configuration
         # gets the baseline's very figures, so timing noise never makes one beat the other.
         keys = [assignment_key(self.held.canonical(a)) for a in assignments]
-        distinct = {key: a for key, a in zip(keys, assignments, strict=True)}
-        timed = self._time(distinct, keys[0])
-        fp32 = timed[keys[0]]
-        self.fp32_seconds = fp32[0].seconds
+        distinct = {key: a for key, a, wanted in zip(keys, assignments, timed, strict=True)
+                    if wanted}
+        if not distinct:
+            for entry in out:
+                entry["latency"] = None
+            return out
+        timings = self._time(distinct, keys[0])
+        self.fp32_seconds = timings[keys[0]][0].seconds
         for entry, key in zip(out, keys, strict=True):
-            t1, tn, reference = timed[key]
+            if key not in timings:
+                entry["latency"] = None
+                continue
+            t1, tn, reference = timings[key]
             entry["latency"] = t1.seconds / reference.seconds
             entry["latency_ms"], entry["latency_ms_interval"] = 1e3 * t1.seconds, t1.interval_ms
             entry["batch_latency_ms"] = 1e3 * tn.seconds
@@ -364,9 +389,10 @@ class _Clock:
         return out
 
 
-#: The largest batch latency is timed at besides batch 1: every configuration of the front is
-#: run about a dozen times at each batch, so the timing batch, not the data, sets what the
-#: timing costs; at batch 64 it was the largest stage of most searches on 150 samples.
+#: The largest batch latency is timed at besides batch 1: every timed configuration (the
+#: baselines and the shown points) is run about a dozen times at each batch, so the timing
+#: batch, not the data, sets what the timing costs; at batch 64 it was the largest stage of
+#: most searches on 150 samples.
 CLOCK_BATCH = 8
 
 #: The share of the activation budget (:func:`mpsearch.evaluate.activation_budget`) the

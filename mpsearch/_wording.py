@@ -10,6 +10,8 @@ FP32 reads the same wherever it is shown because every place calls :func:`latenc
 - "as fast as FP32 (within the spread)" at a batch where the two spreads overlap: the
   difference is not measurable there, whatever the medians say;
 - estimated (the profile's cost model): "1.65x faster than FP32 (the profile's estimate)";
+- "not timed (hidden)" for a point hidden on held-out metric and size in a timed front, whose
+  timing would change no answer;
 - "unknown" otherwise.
 """
 
@@ -28,6 +30,8 @@ _SAME = "as fast as FP32 (within the spread)"
 
 #: What :func:`latency_words` says when nothing is known.
 UNKNOWN = "unknown"
+#: What it says of a hidden point that a timed front did not time.
+NOT_TIMED = "not timed (hidden)"
 
 
 def format_bytes(size: float) -> str:
@@ -120,7 +124,8 @@ def latency_words(entry: Any, fp32: Any, *, batch: int | None, source: str | Non
     if not parts:
         relative = _get(entry, "latency")
         if relative is None or not relative > 0:
-            return UNKNOWN
+            hidden = source == "measured" and _get(entry, "shown") is False
+            return NOT_TIMED if hidden else UNKNOWN
         how = " (the profile's estimate)" if source == "estimated" else ""
         return versus_fp32(relative) + how
     if len(parts) == 2 and parts[0][1] == parts[1][1] == _SAME:

@@ -43,3 +43,22 @@ def test_demo_shows_three_points_of_trade_off(demo_run: Path) -> None:
     # three or more searched points survive on held-out data
     shown = [(p["metric"], p["size"]) for p in front["points"] if p["shown"]]
     assert len(shown) >= 3, shown
+
+
+def test_the_clock_times_the_baselines_and_the_shown_points(demo_run: Path) -> None:
+    """Latency is not one of the demo's objectives, so which points are shown needs no
+    timing: the clock times FP32, the uniform baselines and the shown points; a hidden point
+    keeps the estimate alone, or a timed configuration's very figures when it is one."""
+    front = json.loads((demo_run / "front.json").read_text())
+    assert front["latency_source"] == "measured" and "latency" not in front["objectives"]
+    baselines = [front["fp32"], *front["uniform"].values()]
+    shown = [p for p in front["points"] if p["shown"]]
+    hidden = [p for p in front["points"] if not p["shown"]]
+    for entry in (*baselines, *shown):
+        assert entry["latency_ms"] > 0 and entry["batch_latency_ms"] > 0, entry
+    figures = {entry["latency_ms"] for entry in (*baselines, *shown)}
+    untimed = [p for p in hidden if p["latency_ms"] is None]
+    assert untimed, [(p["index"], p["latency_ms"]) for p in hidden]
+    for p in hidden:
+        assert p["latency_ms"] is None or p["latency_ms"] in figures, p["index"]
+        assert (p["latency"] is None) == (p["latency_ms"] is None)

@@ -64,6 +64,11 @@ def test_latency_wording_at_both_batches_with_the_ratio_spread() -> None:
     # the same words from front.json's dicts (the report and the web page read those)
     assert latency_words(slow.to_dict(), FP32.to_dict(), batch=64, source="measured") == (
         latency_words(slow, FP32, batch=64, source="measured"))
+    # a hidden point a timed front left untimed, and a shown one it could not time
+    untimed = _point(0, 0.97, 400)
+    assert latency_words(replace(untimed, shown=False), FP32, batch=64,
+                         source="measured") == "not timed (hidden)"
+    assert latency_words(untimed, FP32, batch=64, source="measured") == "unknown"
 
 
 def test_latency_decides_nothing_when_it_is_not_an_objective() -> None:
