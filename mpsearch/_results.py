@@ -120,8 +120,8 @@ def held_out_front(summary: ModelSummary, spec: SearchSpec, result: SearchResult
 
     timed = None
     if not by_latency:  # which points are shown needs no latency: time the baselines and those
-        unseen = judge(points, baselines(clock.latencies(assignments, [False] * len(assignments))),
-                       higher_is_better=held.higher_is_better, timed=False)
+        unseen = judge(points, baselines([{}] * count), higher_is_better=held.higher_is_better,
+                       timed=False)
         timed = [True] * count + [p.shown for p in unseen]
     latencies = clock.latencies(assignments, timed)
     named = baselines(latencies)
@@ -326,9 +326,10 @@ class _Clock:
 
     def latencies(self, assignments: Sequence[Mapping[str, str]],
                   timed: Sequence[bool] | None = None) -> list[_Latencies]:
-        """The latencies of ``assignments``, the first of which is FP32 (``{}``); ``timed``
-        says which to time (all by default): the others keep the profile's estimate alone,
-        with no measured latency, unless they share a timed one's configuration."""
+        """The latencies of ``assignments``, the first of which is FP32 (``{}``, always
+        timed: the reference of the ratios); ``timed`` says which to time (all by default):
+        the others keep the profile's estimate alone, with no measured latency, unless they
+        share a timed one's configuration."""
         graph = self.held.quantizer.graph
         out: list[_Latencies] = []
         for assignment in assignments:
@@ -345,10 +346,6 @@ class _Clock:
         keys = [assignment_key(self.held.canonical(a)) for a in assignments]
         distinct = {key: a for key, a, wanted in zip(keys, assignments, timed, strict=True)
                     if wanted}
-        if not distinct:
-            for entry in out:
-                entry["latency"] = None
-            return out
         timings = self._time(distinct, keys[0])
         self.fp32_seconds = timings[keys[0]][0].seconds
         for entry, key in zip(out, keys, strict=True):
