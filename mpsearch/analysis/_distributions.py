@@ -139,17 +139,21 @@ def _compact(values: Any) -> list[float]:
 
 # -- statistics ----------------------------------------------------------------------------
 def _moments(values: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float | None]:
-    w = np.ones_like(values) if weights is None else weights
-    total = float(w.sum())
+    """Count, mean, standard deviation, skew and excess kurtosis of 1-D float64 ``values``
+    (each counted ``weights`` times; once when None). Two temporaries the size of ``values``
+    and dot products: a language model's embedding has tens of millions of weights."""
+    total = float(values.size if weights is None else weights.sum())
     if total <= 0:
         return {"count": 0.0, "mean": None, "std": None, "skew": None, "kurtosis": None}
-    mean = float(np.sum(w * values) / total)
+    mean = float((values.sum() if weights is None else np.dot(weights, values)) / total)
     d = values - mean
-    var = float(np.sum(w * d * d) / total)
+    weighted = d * d if weights is None else weights * d * d
+    var = float(weighted.sum() / total)
     if var <= 0:
         return {"count": total, "mean": mean, "std": 0.0, "skew": 0.0, "kurtosis": 0.0}
-    skew = float(np.sum(w * d**3) / total / var**1.5)
-    kurt = float(np.sum(w * d**4) / total / var**2 - 3.0)
+    skew = float(np.dot(weighted, d) / total / var**1.5)
+    d *= d
+    kurt = float(np.dot(weighted, d) / total / var**2 - 3.0)
     return {"count": total, "mean": mean, "std": math.sqrt(var), "skew": skew,
             "kurtosis": kurt}
 

@@ -1,8 +1,16 @@
-"""Numba kernels for streaming statistics and fake quantization (the only numba importer);
-a NumPy twin beside each kernel."""
+"""Numba kernels for streaming statistics, fake quantization and GPTQ rounding (the only numba
+importer); a NumPy twin beside each kernel."""
 
 from __future__ import annotations
 
+import os
+
+# Sleeping, not spinning, OpenMP workers: on few shared cores ONNX Runtime's pool runs between
+# kernel calls, and a spinning worker holds the core it needs. Must precede numba's pool, so it
+# is set here, before any kernel module imports numba.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from mpsearch.kernels._gptq import gptq_block, gptq_block_numpy
 from mpsearch.kernels._kernels import (
     abs_histogram,
     entropy_divergences,
@@ -42,6 +50,8 @@ __all__ = [
     "fake_quantize_numpy",
     "fake_quantize_per_channel",
     "fake_quantize_per_channel_numpy",
+    "gptq_block",
+    "gptq_block_numpy",
     "histogram_merge",
     "histogram_merge_numpy",
     "histogram_rebin",

@@ -17,17 +17,12 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
-# Sleeping, not spinning, OpenMP workers: on few shared cores ONNX Runtime's pool runs between
-# kernel calls, and a spinning worker holds the core it needs. Must precede numba's pool.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-import numba  # noqa: E402
-import numpy as np  # noqa: E402
-from numba import float32, int32, njit, prange  # noqa: E402
+import numba
+import numpy as np
+from numba import float32, int32, njit, prange
 
 __all__ = [
     "abs_histogram",

@@ -38,6 +38,7 @@ import numpy as np
 
 from mpsearch.data import Dataset
 from mpsearch.graph import ModelGraph, Node
+from mpsearch.kernels import gptq_block
 from mpsearch.recovery._activations import Reduce, reduce_activations
 from mpsearch.recovery._bias_correction import conv_windows
 
@@ -265,21 +266,15 @@ def gptq_codes(rows: np.ndarray, hessian: np.ndarray, scale: np.ndarray, zero: n
     weights = np.take_along_axis(np.array(rows, dtype=np.float64), order[:, None, :], axis=2)
     h = h[picked[:, :, None], order[:, :, None], order[:, None, :]]
     # the upper Cholesky factor of H^-1: row i holds how column i's error moves the later ones
-    upper = np.linalg.cholesky(np.linalg.inv(h)).transpose(0, 2, 1)
+    upper = np.ascontiguousarray(np.linalg.cholesky(np.linalg.inv(h)).transpose(0, 2, 1))
     scale = np.asarray(scale, np.float64)
     zero = np.asarray(zero, np.float64)
     codes = np.empty_like(weights)
     for begin in range(0, inner, BLOCK):
         end = min(begin + BLOCK, inner)
-        block = weights[:, :, begin:end]
+        block = np.ascontiguousarray(weights[:, :, begin:end])
         errors = np.empty_like(block)
-        for j in range(end - begin):
-            i = begin + j
-            column = block[:, :, j]
-            code = np.clip(np.round(column / scale) + zero, qmin, qmax)
-            codes[:, :, i] = code
-            errors[:, :, j] = (column - (code - zero) * scale) / upper[:, i, i][:, None]
-            block[:, :, j:] -= errors[:, :, j, None] * upper[:, None, i, i:end]
+        gptq_block(block, upper, begin, scale, zero, qmin, qmax, codes, errors)
         weights[:, :, end:] -= np.matmul(errors, upper[:, begin:end, end:])
     restored: np.ndarray = np.take_along_axis(codes, np.argsort(order, axis=1)[:, None, :],
                                               axis=2)

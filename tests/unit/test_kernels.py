@@ -14,6 +14,7 @@ from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
 
 from mpsearch.kernels import _kernels as k  # the module: its private jitted functions too
+from mpsearch.kernels import gptq_block, gptq_block_numpy
 
 SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -319,3 +320,32 @@ def test_error_stats_known_values() -> None:
     with pytest.raises(ValueError, match="same shape"):
         k.error_stats(ref, ref[:2])
 
+
+
+# ------------------------------------------------------------------ gptq_block
+@SETTINGS
+@given(groups=st.integers(1, 3), rows=st.integers(1, 9), width=st.integers(1, 12),
+       before=st.integers(0, 5), seed=st.integers(0, 2**16), narrow=st.booleans())
+def test_gptq_block_matches_numpy(groups: int, rows: int, width: int, before: int, seed: int,
+                                  narrow: bool) -> None:
+    """Same codes, block updates and errors, bit for bit: the kernel does the twin's float64
+    operations in the twin's order. Narrow code ranges make the clip bite."""
+    rng = np.random.default_rng(seed)
+    inner = before + width + 3  # columns before and after the block, as inside gptq_codes
+    factor = np.triu(rng.normal(size=(groups, inner, inner)))
+    factor[:, np.arange(inner), np.arange(inner)] = rng.uniform(0.5, 2.0, (groups, inner))
+    block = rng.normal(size=(groups, rows, width)) * 3
+    scale = rng.uniform(0.01, 0.2, (groups, rows))
+    zero = rng.integers(-3, 4, (groups, rows)).astype(np.float64)
+    qmin, qmax = (-4, 3) if narrow else (-128, 127)
+    outputs = []
+    for kernel in (gptq_block, gptq_block_numpy):
+        b, codes = block.copy(), np.full((groups, rows, inner), np.nan)
+        errors = np.empty_like(b)
+        kernel(b, factor, before, scale, zero, qmin, qmax, codes, errors)
+        outputs.append((b, codes, errors))
+    for got, want in zip(*outputs, strict=True):
+        np.testing.assert_array_equal(got, want)
+    codes = outputs[0][1][:, :, before:before + width]
+    assert codes.min() >= qmin and codes.max() <= qmax
+    assert np.isnan(outputs[0][1][:, :, :before]).all()  # only the block's columns written
