@@ -1,5 +1,5 @@
 # mypy: allow-untyped-defs, allow-untyped-calls
-"""Numba kernels for calibration and error analysis: the only module that imports numba.
+"""Numba kernels for calibration and error analysis.
 
 Consumes float32 arrays (any shape; the wrappers ravel them to contiguous 1-D views) and
 histograms; produces statistics, clip ranges, fake-quantized arrays and error figures. Every
