@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
 
+from mpsearch import kernels
+from mpsearch.kernels import _gptq, _kquant, gptq_block, gptq_block_numpy
 from mpsearch.kernels import _kernels as k  # the module: its private jitted functions too
-from mpsearch.kernels import gptq_block, gptq_block_numpy
 
 SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -34,17 +35,18 @@ def histograms(draw: st.DrawFn, min_bins: int = 2, max_bins: int = 300) -> tuple
 
 
 def test_every_public_kernel_has_a_numpy_twin() -> None:
-    twins = {n for n in k.__all__ if n.endswith("_numpy")}
-    kernels = {n for n in k.__all__ if f"{n}_numpy" in twins}
-    assert {t.removesuffix("_numpy") for t in twins} == kernels
+    twins = {n for n in kernels.__all__ if n.endswith("_numpy")}
+    paired = {n for n in kernels.__all__ if f"{n}_numpy" in twins}
+    assert {t.removesuffix("_numpy") for t in twins} == paired
     assert {"tensor_stats", "histogram_rebin", "histogram_merge", "entropy_threshold",
             "mse_threshold", "percentile_range", "fake_quantize", "fake_quantize_per_channel",
-            "error_stats"} <= kernels
+            "error_stats", "gptq_block"} <= paired
 
 
 def test_every_jitted_kernel_is_cached_on_disk() -> None:
-    jitted = [v for v in vars(k).values() if isinstance(v, numba.core.dispatcher.Dispatcher)]
-    assert len(jitted) >= 9
+    jitted = [v for module in (k, _gptq, _kquant) for v in vars(module).values()
+              if isinstance(v, numba.core.dispatcher.Dispatcher)]
+    assert len(jitted) >= 11
     for fn in jitted:
         assert fn.targetoptions.get("cache") or type(fn._cache).__name__ != "NullCache", fn
 
@@ -319,7 +321,6 @@ def test_error_stats_known_values() -> None:
                                k.error_stats_numpy(big, big + 0.1), rtol=1e-9)
     with pytest.raises(ValueError, match="same shape"):
         k.error_stats(ref, ref[:2])
-
 
 
 # ------------------------------------------------------------------ gptq_block
