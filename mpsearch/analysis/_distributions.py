@@ -30,6 +30,8 @@ __all__ = ["BINS", "FlagRules", "NodeDistribution", "STAT_COLUMNS", "STAT_FIELDS
            "TensorDistribution", "analyze_distributions", "tensor_flags"]
 
 BINS = 64
+#: Bins of the fine weight histogram the outlier and span statistics are read from.
+FINE_BINS = 2048
 #: Statistics of every tensor (None where they do not apply).
 STAT_FIELDS = ("count", "min", "max", "mean", "std", "skew", "kurtosis", "outlier_ratio",
                "clipped", "channel_range_ratio", "levels_used", "sqnr_symmetric",
@@ -127,6 +129,17 @@ def _error_mse(ref: np.ndarray, test: np.ndarray) -> float:
     return float(fn(ref, test)[0])
 
 
+def _tensor_stats(x: np.ndarray, lo: float, hi: float, bins: int
+                  ) -> tuple[float, float, float, float, np.ndarray]:
+    fn = kernels.tensor_stats_numpy if x.size < _SMALL else kernels.tensor_stats
+    return fn(x, lo, hi, bins)
+
+
+def _central_moments(x: np.ndarray, mean: float) -> tuple[float, float, float]:
+    fn = kernels.central_moments_numpy if x.size < _SMALL else kernels.central_moments
+    return fn(x, mean)
+
+
 def _fake_quantize(x: np.ndarray, scale: float, zero: float, qmin: int, qmax: int) -> np.ndarray:
     fn = kernels.fake_quantize_numpy if x.size < _SMALL else kernels.fake_quantize
     return fn(x, scale, zero, qmin, qmax)
@@ -138,24 +151,30 @@ def _compact(values: Any) -> list[float]:
 
 
 # -- statistics ----------------------------------------------------------------------------
-def _moments(values: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float | None]:
-    """Count, mean, standard deviation, skew and excess kurtosis of 1-D float64 ``values``
-    (each counted ``weights`` times; once when None). Two temporaries the size of ``values``
-    and dot products: a language model's embedding has tens of millions of weights."""
-    total = float(values.size if weights is None else weights.sum())
+def _moments(values: np.ndarray, weights: np.ndarray) -> dict[str, float | None]:
+    """Count, mean, standard deviation, skew and excess kurtosis of 1-D float64 ``values``,
+    each counted ``weights`` times (a histogram's bin centers and counts)."""
+    total = float(weights.sum())
     if total <= 0:
-        return {"count": 0.0, "mean": None, "std": None, "skew": None, "kurtosis": None}
-    mean = float((values.sum() if weights is None else np.dot(weights, values)) / total)
+        return _from_sums(0.0, 0.0, 0.0, 0.0, 0.0)
+    mean = float(np.dot(weights, values) / total)
     d = values - mean
-    weighted = d * d if weights is None else weights * d * d
-    var = float(weighted.sum() / total)
+    weighted = weights * d * d
+    return _from_sums(total, mean, float(weighted.sum()), float(np.dot(weighted, d)),
+                      float(np.dot(weighted, d * d)))
+
+
+def _from_sums(count: float, mean: float, s2: float, s3: float, s4: float
+               ) -> dict[str, float | None]:
+    """The moments of ``count`` values from their mean and the sums of the 2nd to 4th powers
+    of their deviations from it."""
+    if count <= 0:
+        return {"count": 0.0, "mean": None, "std": None, "skew": None, "kurtosis": None}
+    var = s2 / count
     if var <= 0:
-        return {"count": total, "mean": mean, "std": 0.0, "skew": 0.0, "kurtosis": 0.0}
-    skew = float(np.dot(weighted, d) / total / var**1.5)
-    d *= d
-    kurt = float(np.dot(weighted, d) / total / var**2 - 3.0)
-    return {"count": total, "mean": mean, "std": math.sqrt(var), "skew": skew,
-            "kurtosis": kurt}
+        return {"count": count, "mean": mean, "std": 0.0, "skew": 0.0, "kurtosis": 0.0}
+    return {"count": count, "mean": mean, "std": math.sqrt(var),
+            "skew": s3 / count / var**1.5, "kurtosis": s4 / count / var**2 - 3.0}
 
 
 def _hist_stats(hist: np.ndarray, lo: float, hi: float) -> dict[str, float | None]:
@@ -239,14 +258,18 @@ def _fake_weight(array: np.ndarray, fmt: TensorFormat, channels: int, axis: int 
 
 def _weight_distribution(graph: ModelGraph, profile: HardwareProfile, node: Node, weight: str,
                          formats: Sequence[str], bins: int) -> TensorDistribution:
+    """The weight's histograms and statistics, each a kernel's pass over the weight (no
+    float64 copy: a language model's embedding has tens of millions of weights)."""
     array = np.ascontiguousarray(graph.initializers[weight], dtype=np.float32)
     lo, hi = float(array.min()), float(array.max())
     top = hi if hi > lo else lo + 1.0
-    stats: dict[str, float | None] = {"min": lo, "max": hi,
-                                      **_moments(array.astype(np.float64).ravel())}
-    stats.update({k: v for k, v in _hist_stats(*_fine_hist(array)).items()
+    _, _, total, squares, fine = _tensor_stats(array, lo, top, FINE_BINS)
+    mean = total / array.size
+    stats: dict[str, float | None] = {"min": lo, "max": hi, **_from_sums(
+        float(array.size), mean, *_central_moments(array, mean))}
+    stats.update({k: v for k, v in _hist_stats(fine.astype(np.float64), lo, top).items()
                   if k in ("outlier_ratio", "span999", "span99")})
-    power = float(np.mean(array.astype(np.float64) ** 2))
+    power = squares / array.size
     per_format: dict[str, dict[str, Any]] = {}
     done: dict[TensorFormat, dict[str, Any]] = {}
     channels_info = None
@@ -257,7 +280,7 @@ def _weight_distribution(graph: ModelGraph, profile: HardwareProfile, node: Node
         channels, axis = weight_channels(graph, profile, node, weight, fmt)
         if fmt not in done:
             fake = np.clip(_fake_weight(array, fmt, channels, axis, fmt.symmetric), lo, top)
-            done[fmt] = {"quantized": _compact(np.histogram(fake, bins=bins, range=(lo, top))[0]),
+            done[fmt] = {"quantized": _compact(_tensor_stats(fake, lo, top, bins)[4]),
                          "clip": [lo, hi], "sqnr": _sqnr(power, _error_mse(array, fake)),
                          "clipped": 0.0, "granularity": fmt.granularity, "dtype": fmt.dtype}
         per_format[name] = done[fmt]
@@ -275,7 +298,7 @@ def _weight_distribution(graph: ModelGraph, profile: HardwareProfile, node: Node
     return TensorDistribution(
         tensor=weight, role="weight", format=first,
         edges=tuple(_compact(np.linspace(lo, top, bins + 1))),
-        fp32=tuple(_compact(np.histogram(array, bins=bins, range=(lo, top))[0])),
+        fp32=tuple(_compact(_tensor_stats(array, lo, top, bins)[4])),
         quantized=None if shown is None else tuple(shown["quantized"]),
         clip=None if shown is None else (lo, hi), stats=stats, formats=per_format,
         channels=channels_info)
@@ -283,12 +306,6 @@ def _weight_distribution(graph: ModelGraph, profile: HardwareProfile, node: Node
 
 def _as_int8(fmt: TensorFormat) -> TensorFormat:
     return replace(fmt, dtype="int8", narrow_range=False)
-
-
-def _fine_hist(array: np.ndarray, bins: int = 2048) -> tuple[np.ndarray, float, float]:
-    lo, hi = float(array.min()), float(array.max())
-    hi = hi if hi > lo else lo + 1.0
-    return np.histogram(array, bins=bins, range=(lo, hi))[0].astype(np.float64), lo, hi
 
 
 def _channel_ranges(array: np.ndarray, graph: ModelGraph, profile: HardwareProfile, node: Node,

@@ -13,6 +13,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from mpsearch.kernels._gptq import gptq_block, gptq_block_numpy
 from mpsearch.kernels._kernels import (
     abs_histogram,
+    central_moments,
+    central_moments_numpy,
     entropy_divergences,
     entropy_divergences_numpy,
     entropy_threshold,
@@ -40,6 +42,8 @@ from mpsearch.kernels._kernels import (
 
 __all__ = [
     "abs_histogram",
+    "central_moments",
+    "central_moments_numpy",
     "entropy_divergences",
     "entropy_divergences_numpy",
     "entropy_threshold",

@@ -26,6 +26,8 @@ from numba import float32, int32, njit, prange
 
 __all__ = [
     "abs_histogram",
+    "central_moments",
+    "central_moments_numpy",
     "entropy_divergences",
     "entropy_divergences_numpy",
     "entropy_threshold",
@@ -213,6 +215,46 @@ def tensor_stats_numpy(x: Any, lo: float, hi: float, bins: int) -> Stats:
     t = np.where(t < np.float32(bins - 0.5), t, np.float32(bins - 0.5))
     hist = np.bincount(t.astype(np.int32), minlength=bins).astype(np.int64)
     return float(flat.min()), float(flat.max()), float(d.sum()), float((d * d).sum()), hist
+
+
+@njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc"})
+def _central_kernel(x, mean, nchunks):
+    n = x.size
+    per = (n + nchunks - 1) // nchunks
+    acc = np.zeros((nchunks, 3))
+    for c in prange(nchunks):
+        a = min(n, c * per)
+        b = min(n, a + per)
+        s2 = 0.0
+        s3 = 0.0
+        s4 = 0.0
+        for i in range(a, b):
+            d = np.float64(x[i]) - mean
+            dd = d * d
+            s2 += dd
+            s3 += dd * d
+            s4 += dd * dd
+        acc[c, 0] = s2
+        acc[c, 1] = s3
+        acc[c, 2] = s4
+    return acc
+
+
+@_interruptible
+def central_moments(x: Any, mean: float) -> tuple[float, float, float]:
+    """Sums of the 2nd, 3rd and 4th powers of ``x - mean`` (float64), in one parallel pass and
+    no temporary: a tensor's skew and kurtosis around the mean :func:`tensor_stats` gave."""
+    flat = _flat(x)
+    nchunks = max(1, min(flat.size // _MIN_CHUNK, 8 * numba.get_num_threads()))
+    acc = _central_kernel(flat, float(mean), nchunks).sum(axis=0)
+    return float(acc[0]), float(acc[1]), float(acc[2])
+
+
+def central_moments_numpy(x: Any, mean: float) -> tuple[float, float, float]:
+    """NumPy twin of :func:`central_moments`."""
+    d = _flat(x).astype(np.float64) - float(mean)
+    dd = d * d
+    return float(dd.sum()), float(dd @ d), float(dd @ dd)
 
 
 # ------------------------------------------------------------------ histogram rebin / merge

@@ -40,7 +40,7 @@ def test_every_public_kernel_has_a_numpy_twin() -> None:
     assert {t.removesuffix("_numpy") for t in twins} == paired
     assert {"tensor_stats", "histogram_rebin", "histogram_merge", "entropy_threshold",
             "mse_threshold", "percentile_range", "fake_quantize", "fake_quantize_per_channel",
-            "error_stats", "gptq_block"} <= paired
+            "error_stats", "gptq_block", "central_moments"} <= paired
 
 
 def test_every_jitted_kernel_is_cached_on_disk() -> None:
@@ -74,6 +74,25 @@ def test_tensor_stats_parallel_chunks_and_threads() -> None:
         assert got[2] == pytest.approx(want[2], rel=1e-9)
         np.testing.assert_array_equal(got[4], want[4])
     assert want[0] == x.min() and want[2] == pytest.approx(float(x.astype(np.float64).sum()))
+
+
+@SETTINGS
+@given(x=arrays, mean=st.floats(-1e4, 1e4))
+def test_central_moments_match_numpy(x: np.ndarray, mean: float) -> None:
+    got, want = k.central_moments(x, mean), k.central_moments_numpy(x, mean)
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-6)
+
+
+def test_central_moments_of_a_large_tensor_in_parallel_chunks() -> None:
+    x = np.random.default_rng(2).gamma(2.0, size=700_001).astype(np.float32)
+    d = x.astype(np.float64) - x.mean(dtype=np.float64)
+    for threads in (1, 2):
+        k.set_threads(threads)
+        s2, s3, s4 = k.central_moments(x, float(x.mean(dtype=np.float64)))
+        assert s2 == pytest.approx(float(d @ d), rel=1e-9)
+        assert s3 == pytest.approx(float((d * d) @ d), rel=1e-9)
+        assert s4 == pytest.approx(float((d * d) @ (d * d)), rel=1e-9)
+    assert s3 / 700_001 / (s2 / 700_001) ** 1.5 == pytest.approx(math.sqrt(2), rel=0.02)
 
 
 def test_tensor_stats_bins_agree_with_numpy_histogram_away_from_edges() -> None:
