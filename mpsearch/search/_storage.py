@@ -9,17 +9,20 @@ trial RUNNING (failed and queued again). The other modules that import optuna ar
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.storages import JournalStorage, RDBStorage, RetryFailedTrialCallback
 from optuna.storages._rdb.models import BaseModel
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+from optuna.storages.journal._storage import JournalOperation
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
@@ -155,7 +158,39 @@ def _journal(path: Path, own: bool = False) -> optuna.storages.BaseStorage:
                 logger.warning("%s: dropping a torn last record (%d bytes)", path,
                                len(data) - keep)
                 f.truncate(keep)
-    return JournalStorage(JournalFileBackend(str(path)))
+    return JournalStorage(_SettledJournal(str(path)))
+
+
+#: Journal records a running trial writes as it goes, made durable by the record ending it.
+_UNSETTLED = frozenset({JournalOperation.SET_TRIAL_PARAM, JournalOperation.SET_TRIAL_USER_ATTR,
+                        JournalOperation.SET_TRIAL_SYSTEM_ATTR,
+                        JournalOperation.SET_TRIAL_INTERMEDIATE_VALUE})
+
+
+class _SettledJournal(JournalFileBackend):
+    """Optuna's journal file, synced to disk by the records that settle something (a trial's
+    end, a study's creation) instead of by every record: a trial writes one record per
+    parameter, and their syncs were a tenth of a small model's trial time. The records in
+    between are written to the operating system, which a killed process cannot lose, and reach
+    the disk with the next synced record (fsync writes the whole file); a machine crash can
+    lose only a running trial's parameters, and a resumed search runs that trial again."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._writer_lock = JournalFileSymlinkLock(path)  # Optuna's default lock, held here too
+        super().__init__(path, lock_obj=self._writer_lock)
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        if any(log.get("op_code") not in _UNSETTLED for log in logs):
+            super().append_logs(logs)
+            return
+        text = "".join(json.dumps(log, separators=(",", ":")) + "\n" for log in logs)
+        self._writer_lock.acquire()
+        try:
+            with open(self._path, "ab") as f:
+                f.write(text.encode("utf-8"))
+        finally:
+            self._writer_lock.release()
 
 
 #: Optuna's own tables (alembic's table records its schema version).
