@@ -41,6 +41,7 @@ from mpsearch.recovery._gptq import (
     HESSIAN_SAMPLES,
     InputHessians,
     gptq_codes,
+    gptq_factor,
     input_hessians,
     round_weight,
 )
@@ -57,5 +58,5 @@ __all__ = ["CLIP_POLICIES", "DECISION_SAMPLES", "HESSIAN_SAMPLES", "METHODS", "C
            "CorrectedQuantizer", "InputHessians", "InputMeans", "Pair", "Recovered",
            "RecoveryDecision", "RecoverySettings", "Skipped", "SmoothGroup", "SmoothSkipped",
            "channel_maxima", "conv_tap_means", "correct_biases", "equalization_pairs",
-           "equalize", "gptq_codes", "input_hessians", "input_means", "output_shift", "recover",
-           "round_weight", "smooth", "smoothing_groups"]
+           "equalize", "gptq_codes", "gptq_factor", "input_hessians", "input_means",
+           "output_shift", "recover", "round_weight", "smooth", "smoothing_groups"]

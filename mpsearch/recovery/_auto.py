@@ -274,6 +274,7 @@ def recover(graph: ModelGraph, profile: HardwareProfile, calibration: Dataset,
         gptq = scorer.models.get(_label(dict(base, gptq=True)), {}).get(formats[0])
         if rtn is not None and gptq is not None:
             layers = layer_gains(graph, hessians, rtn, gptq)
+        hessians.release_factors()  # the scored grids are rounded: their codes are memoized
     decision = RecoveryDecision(
         chosen=chosen, asked=asked, reasons=reasons, formats=formats, samples=len(data),
         metric=scorer.evaluator.primary.name, scores=scorer.scores, layers=layers,

@@ -60,7 +60,8 @@ class CorrectedQuantizer(Quantizer):
         key = (node.name, fmt.dtype, axis, qmin, qmax, scale.tobytes(), zero.tobytes())
         memo = hessians.codes
         if key not in memo:  # the same rounding for every builder of these Hessians
-            codes = round_weight(node, array, hessian, scale, zero, axis, qmin, qmax)
+            codes = round_weight(node, array, hessian, scale, zero, axis, qmin, qmax,
+                                 memo=hessians)
             memo[key] = None if codes is None else codes.astype(np.dtype(fmt.dtype))
         stored = memo[key]
         if stored is None:

@@ -42,8 +42,8 @@ from mpsearch.kernels import gptq_block
 from mpsearch.recovery._activations import Reduce, reduce_activations
 from mpsearch.recovery._bias_correction import conv_windows
 
-__all__ = ["HESSIAN_BUDGET_BYTES", "HESSIAN_SAMPLES", "InputHessians", "gptq_codes",
-           "input_hessians", "round_weight", "weight_rows"]
+__all__ = ["FACTOR_BUDGET_BYTES", "HESSIAN_BUDGET_BYTES", "HESSIAN_SAMPLES", "InputHessians",
+           "gptq_codes", "gptq_factor", "input_hessians", "round_weight", "weight_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,9 @@ VECTORS_PER_DIMENSION = 256
 MIN_SAMPLES = 16
 #: Memory the Hessians (float64) may take together; nodes past it keep round-to-nearest.
 HESSIAN_BUDGET_BYTES = 512 * 2**20
+#: Memory the memoized inverse-Hessian factors may take together (float64, each as large as its
+#: Hessian); past it, a weight's factor is computed again at its next grid.
+FACTOR_BUDGET_BYTES = 192 * 2**20
 #: Damping added to the Hessian's diagonal, as a fraction of its mean (the paper's 0.01).
 DAMPING = 0.01
 #: Columns rounded between two updates of the remaining ones (the paper's lazy batches).
@@ -62,6 +65,8 @@ BLOCK = 128
 #: Largest block of Conv input windows (float32 elements) summed at once.
 _CHUNK_ELEMENTS = 16 * 2**20
 
+#: A Hessian's column order and the upper Cholesky factor of its inverse (:func:`gptq_factor`).
+Factor = tuple[np.ndarray, np.ndarray]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,13 +74,37 @@ class InputHessians:
     """Per node, ``sum x x^T`` [groups, K, K] of the vectors its weight multiplies.
 
     ``codes`` memoizes the GPTQ codes rounded from these Hessians, per node and grid: every
-    builder sharing them (recovery's candidates, then the run's) rounds each weight once."""
+    builder sharing them (recovery's candidates, then the run's) rounds each weight once.
+    ``factors`` memoizes :func:`gptq_factor` per Hessian (by identity) within
+    :data:`FACTOR_BUDGET_BYTES`: the weights reading one tensor share a factorization, and so
+    do a weight's grids (x86's 7-bit and 8-bit weights); :meth:`release_factors` frees them
+    once the grids in use are rounded."""
 
     model_fingerprint: str
     samples: int
     hessians: Mapping[str, np.ndarray]
     codes: dict[tuple[object, ...], np.ndarray | None] = field(
         default_factory=dict, compare=False, repr=False)
+    factors: dict[int, Factor | None] = field(default_factory=dict, compare=False, repr=False)
+
+    def factor(self, hessian: np.ndarray) -> Factor | None:
+        """:func:`gptq_factor` of ``hessian`` (one of :attr:`hessians`), memoized while the
+        memo fits :data:`FACTOR_BUDGET_BYTES`; None where the damped Hessian is singular."""
+        key = id(hessian)
+        if key in self.factors:
+            return self.factors[key]
+        try:
+            found: Factor | None = gptq_factor(hessian)
+        except np.linalg.LinAlgError:
+            found = None
+        held = sum(f[1].nbytes for f in self.factors.values() if f is not None)
+        if found is None or held + found[1].nbytes <= FACTOR_BUDGET_BYTES:
+            self.factors[key] = found
+        return found
+
+    def release_factors(self) -> None:
+        """Free the memoized factors (the codes stay)."""
+        self.factors.clear()
 
 
 # -- layout ---------------------------------------------------------------------------------
@@ -249,24 +278,34 @@ def input_hessians(graph: ModelGraph, data: Dataset, *, samples: int = HESSIAN_S
 
 
 # -- rounding -------------------------------------------------------------------------------
-def gptq_codes(rows: np.ndarray, hessian: np.ndarray, scale: np.ndarray, zero: np.ndarray,
-               qmin: int, qmax: int) -> np.ndarray:
-    """Integer codes (float64) in [qmin, qmax] of ``rows`` [G, R, K] on the grid ``scale``,
-    ``zero`` [G, R], rounded column by column with the error fed forward through the inverse
-    of ``hessian`` [G, K, K] (damped by :data:`DAMPING`; an input that is always zero gets a
-    unit diagonal). Raises ``numpy.linalg.LinAlgError`` when the damped Hessian is singular."""
-    groups, _, inner = rows.shape
+def gptq_factor(hessian: np.ndarray) -> Factor:
+    """The column order [G, K] (descending diagonal) of ``hessian`` [G, K, K] and the upper
+    Cholesky factor [G, K, K] of its inverse in that order, damped by :data:`DAMPING` (an input
+    that is always zero gets a unit diagonal): row i of the factor holds how column i's
+    rounding error moves the later ones. Raises ``numpy.linalg.LinAlgError`` when the damped
+    Hessian is singular."""
     h = np.array(hessian, dtype=np.float64)
+    groups, inner = h.shape[0], h.shape[1]
     diag = np.arange(inner)
     dead = h[:, diag, diag] <= 0
     h[:, diag, diag] += np.where(dead, 1.0, 0.0)
     h[:, diag, diag] += DAMPING * h[:, diag, diag].mean(axis=1, keepdims=True)
     order = np.argsort(-h[:, diag, diag], axis=1, kind="stable")
     picked = np.arange(groups)[:, None]
-    weights = np.take_along_axis(np.array(rows, dtype=np.float64), order[:, None, :], axis=2)
     h = h[picked[:, :, None], order[:, :, None], order[:, None, :]]
-    # the upper Cholesky factor of H^-1: row i holds how column i's error moves the later ones
     upper = np.ascontiguousarray(np.linalg.cholesky(np.linalg.inv(h)).transpose(0, 2, 1))
+    return order, upper
+
+
+def gptq_codes(rows: np.ndarray, hessian: np.ndarray, scale: np.ndarray, zero: np.ndarray,
+               qmin: int, qmax: int, *, factor: Factor | None = None) -> np.ndarray:
+    """Integer codes (float64) in [qmin, qmax] of ``rows`` [G, R, K] on the grid ``scale``,
+    ``zero`` [G, R], rounded column by column with the error fed forward through the inverse
+    of ``hessian`` [G, K, K] (:func:`gptq_factor`, unless its ``factor`` is given). Raises
+    ``numpy.linalg.LinAlgError`` when the damped Hessian is singular."""
+    order, upper = gptq_factor(hessian) if factor is None else factor
+    inner = rows.shape[2]
+    weights = np.take_along_axis(np.array(rows, dtype=np.float64), order[:, None, :], axis=2)
     scale = np.asarray(scale, np.float64)
     zero = np.asarray(zero, np.float64)
     codes = np.empty_like(weights)
@@ -282,11 +321,13 @@ def gptq_codes(rows: np.ndarray, hessian: np.ndarray, scale: np.ndarray, zero: n
 
 
 def round_weight(node: Node, array: np.ndarray, hessian: np.ndarray, scale: np.ndarray,
-                 zero: np.ndarray, axis: int | None, qmin: int, qmax: int) -> np.ndarray | None:
+                 zero: np.ndarray, axis: int | None, qmin: int, qmax: int, *,
+                 memo: InputHessians | None = None) -> np.ndarray | None:
     """GPTQ codes (float64, ``array``'s shape) of ``node``'s weight on the grid ``scale``,
     ``zero`` (per tensor, or along ``axis``, which must be the output-channel axis); None
     where GPTQ does not apply or the Hessian is not finite or singular (the caller rounds to
-    nearest)."""
+    nearest). ``memo``: the :class:`InputHessians` ``hessian`` is one of, whose factor memo
+    serves it."""
     rows = weight_rows(node, array)
     if rows is None or (axis is not None and axis != _output_axis(node, array.ndim)):
         return None
@@ -302,7 +343,11 @@ def round_weight(node: Node, array: np.ndarray, hessian: np.ndarray, scale: np.n
         flat = np.asarray(value, np.float64).reshape(-1)
         return np.broadcast_to(flat, (groups * count,)).reshape(groups, count)
     try:
-        codes = gptq_codes(rows, hessian, per_row(scale), per_row(zero), qmin, qmax)
+        factor = None if memo is None else memo.factor(hessian)
+        if memo is not None and factor is None:
+            raise np.linalg.LinAlgError("singular")
+        codes = gptq_codes(rows, hessian, per_row(scale), per_row(zero), qmin, qmax,
+                           factor=factor)
     except np.linalg.LinAlgError:
         logger.warning("GPTQ: %s's Hessian is singular; its weight is rounded to nearest",
                        node.name)

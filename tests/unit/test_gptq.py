@@ -20,6 +20,7 @@ from mpsearch.recovery import (
     CorrectedQuantizer,
     InputHessians,
     gptq_codes,
+    gptq_factor,
     input_hessians,
     round_weight,
 )
@@ -175,6 +176,48 @@ def test_a_hessian_that_is_not_finite_leaves_the_weight_to_round_to_nearest() ->
                         -128, 127) is None
     assert round_weight(node, np.ones((3, 2)), np.eye(3)[None], np.full(2, 0.01),
                         np.zeros(2), 1, -128, 127) is not None
+
+
+def test_the_factor_memo_serves_every_grid_and_every_reader_within_its_budget(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two MatMuls reading one tensor share one Hessian: each weight on two grids (7-bit and
+    8-bit codes) takes one factorization in all, with the very codes of an unshared one; past
+    the budget a factor is computed each time, and release frees the memo."""
+    rng = np.random.default_rng(12)
+    x, _, _ = _correlated(rng, 1, 24)
+    arrays = {"a": rng.normal(size=(24, 5)).astype(np.float32),
+              "b": rng.normal(size=(24, 3)).astype(np.float32)}
+    graph = load_model(_model([helper.make_node("MatMul", ["x", "a"], ["ya"], name="ma"),
+                               helper.make_node("MatMul", ["x", "b"], ["yb"], name="mb")],
+                              arrays, [("x", ["N", 24])], ["ya", "yb"]))
+    hessian = (x.T @ x)[None]
+    memo = InputHessians(model_fingerprint=graph.fingerprint, samples=len(x),
+                         hessians={"ma": hessian, "mb": hessian})
+    calls: list[int] = []
+    factor = gptq_factor
+
+    def counted(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        calls.append(id(h))
+        return factor(h)
+    monkeypatch.setattr("mpsearch.recovery._gptq.gptq_factor", counted)
+    for name, weight in (("ma", "a"), ("mb", "b")):
+        array = arrays[weight]
+        for qmax in (63, 127):
+            scale = np.abs(array).max(axis=0) / qmax
+            args = (graph.nodes[name], array, hessian, scale, np.zeros_like(scale), 1,
+                    -qmax, qmax)
+            shared = round_weight(*args, memo=memo)
+            assert shared is not None
+            np.testing.assert_array_equal(shared, round_weight(*args))
+    assert len(calls) == 1 + 4  # the memo's one, then the four unshared calls
+    assert set(memo.factors) == {id(hessian)}
+    memo.release_factors()
+    assert memo.factors == {}
+    monkeypatch.setattr("mpsearch.recovery._gptq.FACTOR_BUDGET_BYTES", 0)
+    calls.clear()
+    for _ in range(2):
+        memo.factor(hessian)
+    assert len(calls) == 2 and memo.factors == {}
 
 
 def test_gptq_with_a_diagonal_hessian_is_round_to_nearest() -> None:
