@@ -19,6 +19,7 @@ change).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -181,9 +182,13 @@ def _dequantize(inits: Mapping[str, onnx.TensorProto], dq: onnx.NodeProto) -> np
     return values
 
 
-def correct_biases(model: onnx.ModelProto, graph: ModelGraph, means: InputMeans
+def correct_biases(model: onnx.ModelProto, graph: ModelGraph, means: InputMeans, *,
+                   shifts: dict[tuple[str, bytes], np.ndarray] | None = None
                    ) -> onnx.ModelProto:
-    """A copy of the QDQ ``model`` with the biases corrected (see the module docstring)."""
+    """A copy of the QDQ ``model`` with the biases corrected (see the module docstring).
+    ``shifts`` memoizes each node's output shift by its quantized weight (a digest of its
+    codes, scale, zero point and axis), for a builder that corrects the same weights build
+    after build."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     inits = {t.name: t for t in out.graph.initializer}
@@ -201,19 +206,48 @@ def correct_biases(model: onnx.ModelProto, graph: ModelGraph, means: InputMeans
         dq = producers.get(proto.input[1])
         if dq is None or dq.op_type != "DequantizeLinear":
             continue
-        quantized = _dequantize(inits, dq)
-        if quantized is None:
-            continue
-        delta = quantized - graph.initializers[node.inputs[1]].astype(np.float64)
-        shift = output_shift(node, delta, taps)
-        if node.op_type == "Gemm":
-            shift = shift / float(node.attributes.get("beta", 1.0))
+        key = None if shifts is None else _weight_key(inits, proto.name, dq)
+        shift = None if key is None or shifts is None else shifts.get(key)
+        if shift is None:
+            shift = _shift(inits, dq, node, graph, taps)
+            if shift is None:
+                continue
+            if key is not None and shifts is not None:
+                shifts[key] = shift
         original = graph.initializers.get(node.inputs[2])
         if original is not None:
             fixed += _fold(out, proto, inits, producers, readers,
                            original.astype(np.float64) - shift, namer)
     logger.debug("bias correction: %d biases corrected", fixed)
     return out
+
+
+def _shift(inits: Mapping[str, onnx.TensorProto], dq: onnx.NodeProto, node: Node,
+           graph: ModelGraph, taps: np.ndarray) -> np.ndarray | None:
+    """The mean output shift of ``node``'s weight as ``dq`` dequantizes it (None: not of
+    constants)."""
+    quantized = _dequantize(inits, dq)
+    if quantized is None:
+        return None
+    delta = quantized - graph.initializers[node.inputs[1]].astype(np.float64)
+    shift = output_shift(node, delta, taps)
+    if node.op_type == "Gemm":
+        shift = shift / float(node.attributes.get("beta", 1.0))
+    return shift
+
+
+def _weight_key(inits: Mapping[str, onnx.TensorProto], name: str, dq: onnx.NodeProto
+                ) -> tuple[str, bytes] | None:
+    """(``name``, a digest of the constants ``dq`` reads and its axis); None when it reads
+    anything else."""
+    if len(dq.input) < 2 or any(t not in inits for t in dq.input if t):
+        return None
+    digest = hashlib.blake2b(digest_size=16)
+    for tensor in dq.input:
+        if tensor:
+            digest.update(numpy_helper.to_array(inits[tensor]).tobytes())
+    digest.update(str(next((a.i for a in dq.attribute if a.name == "axis"), 1)).encode())
+    return name, digest.digest()
 
 
 def _fold(model: onnx.ModelProto, proto: onnx.NodeProto, inits: dict[str, onnx.TensorProto],

@@ -48,6 +48,7 @@ class CorrectedQuantizer(Quantizer):
         super().__init__(graph, table, profile, method=method)
         self.means = means
         self.hessians = hessians
+        self._shifts: dict[tuple[str, bytes], np.ndarray] = {}  # bias correction's memo
 
     def _weight_codes(self, node: Node, array: np.ndarray, scale: np.ndarray, zero: np.ndarray,
                       fmt: TensorFormat, axis: int | None) -> np.ndarray:
@@ -72,4 +73,5 @@ class CorrectedQuantizer(Quantizer):
               stand_ins: Mapping[str, onnx.TensorProto] | None = None) -> onnx.ModelProto:
         """The corrected QDQ model of ``assignment``."""
         model = super().build(assignment, stand_ins=stand_ins)
-        return model if self.means is None else correct_biases(model, self.graph, self.means)
+        return model if self.means is None else correct_biases(model, self.graph, self.means,
+                                                              shifts=self._shifts)

@@ -177,6 +177,22 @@ def test_corrected_biases_remove_the_mean_shift_of_the_quantized_weights() -> No
         np.testing.assert_array_equal(_initializer(fixed, name), _initializer(plain, name))
 
 
+def test_the_shift_memo_gives_the_same_model_and_tells_grids_apart() -> None:
+    """A memoized correction equals the computed one, build after build, and a weight on
+    another grid (int16) gets a shift of its own."""
+    graph, data = load_model(conv_model()), _data()
+    profile = load_profile("x86_ort_avx2")
+    means = input_means(graph, data)
+    quantizer = Quantizer(graph, calibrate(graph, data), profile)
+    shifts: dict[tuple[str, bytes], np.ndarray] = {}
+    for fmt in ("int8", "int16", "int8"):
+        plain = quantizer.build(uniform_assignment(graph, profile, fmt))
+        memoized = correct_biases(plain, graph, means, shifts=shifts)
+        assert memoized.SerializeToString() == correct_biases(plain, graph,
+                                                              means).SerializeToString()
+    assert sorted(name for name, _ in shifts) == ["conv", "conv", "gemm", "gemm"]
+
+
 def test_the_mean_conv_output_with_quantized_weights_matches_fp32() -> None:
     """E[W_q x + b'] == E[W x + b] per channel on the calibration data, up to the bias grid."""
     graph, data = load_model(conv_model()), _data()
