@@ -580,6 +580,8 @@ def compile_kernels() -> None:
     kernels.histogram_rebin(np.ones(64), -1.0, 1.0, -2.0, 2.0, 128)
     kernels.error_stats(x, x)
     kernels.central_moments(x, 0.0)
+    kernels.quantize_codes(x.reshape(256, -1), np.full(256, 0.01, np.float32),
+                           np.zeros(256), 0, -128, 127, np.int8)
     kernels.fake_quantize(x, 0.01, 0.0, -128, 127)
     kernels.fake_quantize_per_channel(x.reshape(256, -1), np.full(256, 0.01, np.float32),
                                       np.zeros(256, np.float32), 0, -128, 127)

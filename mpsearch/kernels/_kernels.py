@@ -46,6 +46,8 @@ __all__ = [
     "mse_threshold_numpy",
     "percentile_range",
     "percentile_range_numpy",
+    "quantize_codes",
+    "quantize_codes_numpy",
     "range_mse",
     "range_mse_numpy",
     "set_threads",
@@ -812,6 +814,64 @@ def fake_quantize_per_channel_numpy(
     s3, z3 = s.reshape(1, -1, 1), z.reshape(1, -1, 1)
     q = np.clip(np.rint(view / s3) + z3, lo, hi)
     return np.asarray((q - z3) * s3, dtype=np.float32).reshape(arr.shape)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _codes_kernel(x, out, scales, zps, qmin, qmax):
+    outer, channels, inner = x.shape
+    if outer >= channels:  # e.g. a MatMul weight [K, N] along N: its rows in parallel
+        for o in prange(outer):
+            for c in range(channels):
+                s = scales[c]
+                z = zps[c]
+                for i in range(inner):
+                    q = np.float64(np.rint(x[o, c, i] / s)) + z
+                    out[o, c, i] = min(max(q, qmin), qmax)
+    else:
+        for c in prange(channels):
+            s = scales[c]
+            z = zps[c]
+            for o in range(outer):
+                for i in range(inner):
+                    q = np.float64(np.rint(x[o, c, i] / s)) + z
+                    out[o, c, i] = min(max(q, qmin), qmax)
+
+
+@_interruptible
+def quantize_codes(x: Any, scales: Any, zps: Any, axis: int | None, qmin: int, qmax: int,
+                   dtype: Any) -> np.ndarray:
+    """Integer codes ``clip(rint(x / scale) + zp, qmin, qmax)`` of float32 ``x`` as ``dtype``
+    (a range within int32's), one (scale, zero point) per index along ``axis`` (per tensor
+    when None): the division and rounding in float32, the zero point added in float64, in
+    one parallel pass."""
+    arr = np.asarray(x, dtype=np.float32)
+    view, s, z = _codes_view(arr, axis, scales, zps)
+    out = np.empty(view.shape, np.int32)  # one compiled signature for every code type
+    _codes_kernel(view, out, s, z, float(qmin), float(qmax))
+    return out.reshape(arr.shape).astype(dtype, copy=False)
+
+
+def quantize_codes_numpy(x: Any, scales: Any, zps: Any, axis: int | None, qmin: int, qmax: int,
+                         dtype: Any) -> np.ndarray:
+    """NumPy twin of :func:`quantize_codes`."""
+    arr = np.asarray(x, dtype=np.float32)
+    view, s, z = _codes_view(arr, axis, scales, zps)
+    codes = np.rint(view / s.reshape(1, -1, 1)) + z.reshape(1, -1, 1)
+    clipped: np.ndarray = np.clip(codes, qmin, qmax).astype(dtype).reshape(arr.shape)
+    return clipped
+
+
+def _codes_view(x: np.ndarray, axis: int | None, scales: Any, zps: Any) -> tuple[Any, ...]:
+    """``x`` as [outer, channels, inner] (one channel per tensor when ``axis`` is None), the
+    scales as float32 and the zero points as float64, one per channel."""
+    if axis is None:
+        return (np.ascontiguousarray(x).reshape(1, 1, -1),
+                np.asarray(scales, np.float32).reshape(1), np.asarray(zps, np.float64).reshape(1))
+    view, s, _ = _channel_view(x, axis, scales, np.zeros(x.shape[axis % x.ndim], np.float32))
+    z = np.ascontiguousarray(zps, dtype=np.float64).reshape(-1)
+    if z.size != s.size:
+        raise ValueError(f"{z.size} zero points for {s.size} channels; give one per channel")
+    return view, s, z
 
 
 # ------------------------------------------------------------------ error statistics

@@ -40,7 +40,7 @@ def test_every_public_kernel_has_a_numpy_twin() -> None:
     assert {t.removesuffix("_numpy") for t in twins} == paired
     assert {"tensor_stats", "histogram_rebin", "histogram_merge", "entropy_threshold",
             "mse_threshold", "percentile_range", "fake_quantize", "fake_quantize_per_channel",
-            "error_stats", "gptq_block", "central_moments"} <= paired
+            "error_stats", "gptq_block", "central_moments", "quantize_codes"} <= paired
 
 
 def test_every_jitted_kernel_is_cached_on_disk() -> None:
@@ -286,6 +286,33 @@ def test_fake_quantize_per_channel_matches_numpy(x: np.ndarray, data: st.DataObj
     np.testing.assert_array_equal(
         k.fake_quantize_per_channel(x, scales, zps, axis, -128, 127),
         k.fake_quantize_per_channel_numpy(x, scales, zps, axis, -128, 127))
+
+
+@SETTINGS
+@given(x=hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=4, max_side=9),
+                    elements=finite32), data=st.data())
+def test_quantize_codes_match_numpy_and_the_builder(x: np.ndarray, data: st.DataObject) -> None:
+    """Per channel along any axis or per tensor, every code type: the kernel's codes equal
+    its twin's, and the twin equals the builder's NumPy rounding."""
+    axis = data.draw(st.none() | st.integers(0, x.ndim - 1))
+    c = 1 if axis is None else x.shape[axis]
+    dtype, (qmin, qmax) = data.draw(st.sampled_from([
+        (np.int8, (-128, 127)), (np.uint8, (0, 255)), (np.int16, (-32768, 32767)),
+        (np.uint16, (0, 65535)), (np.int32, (-(2**31), 2**31 - 1))]))
+    scales = data.draw(hnp.arrays(np.float32, c, elements=st.floats(2**-10, 10, width=32)))
+    zps = data.draw(hnp.arrays(np.int64, c, elements=st.integers(qmin, qmax)))
+    if axis is None:
+        scales, zps = scales.reshape(()), zps.reshape(())
+    got = k.quantize_codes(x, scales, zps, axis, qmin, qmax, dtype)
+    want = k.quantize_codes_numpy(x, scales, zps, axis, qmin, qmax, dtype)
+    assert got.dtype == want.dtype == dtype
+    np.testing.assert_array_equal(got, want)
+    shape = [1] * x.ndim
+    if axis is not None:
+        shape[axis] = -1
+    builder = np.clip(np.round(x / scales.reshape(shape)) + zps.reshape(shape).astype(np.float64),
+                      qmin, qmax).astype(dtype)
+    np.testing.assert_array_equal(want, builder)
 
 
 def _qdq_model(axis: int | None, channels: int) -> bytes:
