@@ -12,7 +12,7 @@ reductions' own temporaries, such as a Conv's input windows, grow with the batch
 whose batch is fixed runs in batches of that size, so no tensor is split. The recovery
 statistics (bias correction's :func:`~mpsearch.recovery.input_means`, SmoothQuant's
 :func:`~mpsearch.recovery.channel_maxima`, GPTQ's :func:`~mpsearch.recovery.input_hessians`)
-are all computed through it.
+are all computed through it; :func:`sum_together` runs several additive ones in one pass.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from mpsearch.data import Dataset
 from mpsearch.graph import ModelGraph
 from mpsearch.runtime import create_session
 
-__all__ = ["REDUCE_BUDGET", "Reduce", "Reduced", "reduce_activations"]
+__all__ = ["REDUCE_BUDGET", "Reduce", "Reduced", "reduce_activations", "sum_together"]
 
 #: Bytes of exposed activations one batch of :func:`reduce_activations` may hold.
 REDUCE_BUDGET = 64 << 20
@@ -78,3 +78,38 @@ def reduce_activations(graph: ModelGraph, data: Dataset, tensors: Sequence[str],
         for feeds in data.batches(size, start=1):
             run(feeds)
     return Reduced(summaries=summaries, rows=rows, samples=samples)
+
+
+def sum_together(graph: ModelGraph, data: Dataset, parts: Sequence[Mapping[str, Reduce]], *,
+                 batch_size: int = 16, threads: int = 2, label: str) -> list[Reduced]:
+    """Several statistics whose summaries add up over batches (``combine`` is ``+``), each a
+    reduce per tensor, in one pass of :func:`reduce_activations`: a tensor two of them read
+    is exposed once, its summaries joined into one array and split again after the pass.
+    One :class:`Reduced` per part, in order."""
+    readers = {t: [i for i, part in enumerate(parts) if t in part]
+               for t in sorted({t for part in parts for t in part})}
+    sizes: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
+
+    def joined(tensor: str) -> Reduce:
+        def reduce(value: np.ndarray) -> np.ndarray:
+            pieces = [np.asarray(parts[i][tensor](value), np.float64) for i in readers[tensor]]
+            sizes.setdefault(tensor, [(piece.size, piece.shape) for piece in pieces])
+            if len(pieces) == 1:  # no copy of a lone summary (a Hessian can be large)
+                return pieces[0].reshape(-1)
+            return np.concatenate([piece.reshape(-1) for piece in pieces])
+        return reduce
+
+    reduced = reduce_activations(graph, data, list(readers),
+                                 reduce={t: joined(t) for t in readers}, combine=np.add,
+                                 batch_size=batch_size, threads=threads, label=label)
+    out = [Reduced(summaries={}, rows={}, samples=reduced.samples) for _ in parts]
+    for tensor, owners in readers.items():
+        if tensor not in reduced.summaries:
+            continue
+        offset = 0
+        for owner, (size, shape) in zip(owners, sizes[tensor], strict=True):
+            out[owner].summaries[tensor] = reduced.summaries[tensor][offset:offset + size
+                                                                     ].reshape(shape)
+            out[owner].rows[tensor] = reduced.rows[tensor]
+            offset += size
+    return out

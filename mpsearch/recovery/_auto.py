@@ -45,10 +45,16 @@ from mpsearch.graph import ModelGraph
 from mpsearch.profiles import HardwareProfile, runs_fused_int8
 from mpsearch.progress import Progress, Reporter
 from mpsearch.quantize import Quantizer
-from mpsearch.recovery._bias_correction import InputMeans, input_means
+from mpsearch.recovery._activations import sum_together
+from mpsearch.recovery._bias_correction import InputMeans, input_means, means_reduction
 from mpsearch.recovery._cle import equalization_pairs, equalize
 from mpsearch.recovery._corrected import CorrectedQuantizer
-from mpsearch.recovery._gptq import InputHessians, input_hessians
+from mpsearch.recovery._gptq import (
+    HESSIAN_SAMPLES,
+    InputHessians,
+    hessians_reduction,
+    input_hessians,
+)
 from mpsearch.recovery._layers import layer_gains
 from mpsearch.recovery._smoothquant import (
     ChannelMaxima,
@@ -293,9 +299,24 @@ def _fixed(graph: ModelGraph, calibration: Dataset, calibrate: Calibrate,
         graph = smooth(graph, channel_maxima(graph, calibration, threads=threads),
                        alpha=s.smoothquant_alpha)
     table = calibrate(graph)
-    means = input_means(graph, calibration, threads=threads) if s.bias_correction else None
-    hessians = input_hessians(graph, calibration, threads=threads) if s.gptq else None
+    means, hessians = _statistics(graph, calibration, means=bool(s.bias_correction),
+                                  hessians=bool(s.gptq), threads=threads)
     return Recovered(graph=graph, table=table, means=means, hessians=hessians)
+
+
+def _statistics(graph: ModelGraph, calibration: Dataset, *, means: bool, hessians: bool,
+                threads: int) -> tuple[InputMeans | None, InputHessians | None]:
+    """Bias correction's input means and GPTQ's Hessians, as wanted: in one FP32 pass when
+    both are and the Hessians take every calibration sample (at most :data:`HESSIAN_SAMPLES`:
+    small data, where a pass is a fixed cost), else each in its own."""
+    if means and hessians and len(calibration) <= HESSIAN_SAMPLES:
+        mean_sums, to_means = means_reduction(graph)
+        hessian_sums, to_hessians = hessians_reduction(graph, len(calibration))
+        summed = sum_together(graph, calibration, [mean_sums, hessian_sums], threads=threads,
+                              label=f"{graph.name} (bias correction means, GPTQ Hessians)")
+        return to_means(summed[0]), to_hessians(summed[1])
+    return (input_means(graph, calibration, threads=threads) if means else None,
+            input_hessians(graph, calibration, threads=threads) if hessians else None)
 
 
 def _outlier_ratio(maxima: ChannelMaxima) -> float:
@@ -358,10 +379,9 @@ def _weights(graph: ModelGraph, table: CalibrationTable, profile: HardwareProfil
     """GPTQ and bias correction: every combination of the auto ones scored, the best kept."""
     options = {m: [getattr(s, m)] if getattr(s, m) is not None else [False, True]
                for m in ("gptq", "bias_correction")}
-    means = (input_means(graph, calibration, threads=threads)
-             if True in options["bias_correction"] else None)
-    hessians = (input_hessians(graph, calibration, threads=threads)
-                if True in options["gptq"] else None)
+    means, hessians = _statistics(graph, calibration,
+                                  means=True in options["bias_correction"],
+                                  hessians=True in options["gptq"], threads=threads)
     if hessians is not None and not hessians.hessians and s.gptq is None:
         options["gptq"] = [False]
         reasons["gptq"] = "no Conv/Gemm/MatMul weight to round"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -32,7 +32,7 @@ from onnx import numpy_helper
 from mpsearch._names import Namer
 from mpsearch.data import Dataset
 from mpsearch.graph import ModelGraph, Node
-from mpsearch.recovery._activations import reduce_activations
+from mpsearch.recovery._activations import Reduce, Reduced, reduce_activations
 
 __all__ = ["InputMeans", "conv_tap_means", "conv_windows", "correct_biases", "input_means",
            "output_shift"]
@@ -130,25 +130,35 @@ def _batch_sum(value: np.ndarray) -> np.ndarray:
 def input_means(graph: ModelGraph, data: Dataset, *, batch_size: int = 16,
                 threads: int = 2) -> InputMeans:
     """One FP32 pass over ``data``: the :class:`InputMeans` of every correctable node."""
+    reduce, finish = means_reduction(graph)
+    return finish(reduce_activations(  # per batch: Conv [C, *spatial]; Gemm [K]
+        graph, data, sorted(reduce), reduce=reduce, combine=np.add, batch_size=batch_size,
+        threads=threads, label=f"{graph.name} (bias correction means)"))
+
+
+def means_reduction(graph: ModelGraph
+                    ) -> tuple[dict[str, Reduce], Callable[[Reduced], InputMeans]]:
+    """What :func:`input_means` sums per tensor, and what makes the means of those sums (for
+    a pass shared with other statistics: :func:`~mpsearch.recovery._activations.sum_together`)."""
     targets = _targets(graph)
-    sums = reduce_activations(  # per batch: Conv [C, *spatial]; Gemm [K]
-        graph, data, sorted(set(targets.values())), reduce=_batch_sum, combine=np.add,
-        batch_size=batch_size, threads=threads, label=f"{graph.name} (bias correction means)")
-    taps: dict[str, np.ndarray] = {}
-    for node_name, tensor in targets.items():
-        node = graph.nodes[node_name]
-        mean = sums.summaries[tensor] / max(sums.rows[tensor], 1)
-        if node.op_type == "Gemm":
-            taps[node_name] = mean.reshape(-1)
-            continue
-        kernel = tuple(int(k) for k in graph.initializers[node.inputs[1]].shape[2:])
-        found = conv_tap_means(mean, node, kernel)
-        if found is not None:
-            taps[node_name] = found
-    logger.info("bias correction: input means of %d nodes on %d samples", len(taps),
-                sums.samples)
-    return InputMeans(model_fingerprint=graph.fingerprint, samples=sums.samples,
-                      taps=MappingProxyType(taps))
+
+    def finish(sums: Reduced) -> InputMeans:
+        taps: dict[str, np.ndarray] = {}
+        for node_name, tensor in targets.items():
+            node = graph.nodes[node_name]
+            mean = sums.summaries[tensor] / max(sums.rows[tensor], 1)
+            if node.op_type == "Gemm":
+                taps[node_name] = mean.reshape(-1)
+                continue
+            kernel = tuple(int(k) for k in graph.initializers[node.inputs[1]].shape[2:])
+            found = conv_tap_means(mean, node, kernel)
+            if found is not None:
+                taps[node_name] = found
+        logger.info("bias correction: input means of %d nodes on %d samples", len(taps),
+                    sums.samples)
+        return InputMeans(model_fingerprint=graph.fingerprint, samples=sums.samples,
+                          taps=MappingProxyType(taps))
+    return dict.fromkeys(set(targets.values()), _batch_sum), finish
 
 
 def output_shift(node: Node, delta: np.ndarray, taps: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ rounding steps are 256 times finer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -39,7 +39,7 @@ import numpy as np
 from mpsearch.data import Dataset
 from mpsearch.graph import ModelGraph, Node
 from mpsearch.kernels import gptq_block
-from mpsearch.recovery._activations import Reduce, reduce_activations
+from mpsearch.recovery._activations import Reduce, Reduced, reduce_activations
 from mpsearch.recovery._bias_correction import conv_windows
 
 __all__ = ["FACTOR_BUDGET_BYTES", "HESSIAN_BUDGET_BYTES", "HESSIAN_SAMPLES", "InputHessians",
@@ -225,6 +225,19 @@ def input_hessians(graph: ModelGraph, data: Dataset, *, samples: int = HESSIAN_S
                    batch_size: int = 16, threads: int = 2) -> InputHessians:
     """One FP32 pass over the first ``samples`` of ``data``: the :class:`InputHessians` of
     every node GPTQ applies to (see the module docstring)."""
+    count = min(samples, len(data))
+    reduce, finish = hessians_reduction(graph, count)
+    return finish(reduce_activations(
+        graph, data.take(count), sorted(reduce), reduce=reduce, combine=np.add,
+        batch_size=batch_size, threads=threads, label=f"{graph.name} (GPTQ Hessians)"))
+
+
+def hessians_reduction(graph: ModelGraph, count: int
+                       ) -> tuple[dict[str, Reduce], Callable[[Reduced], InputHessians]]:
+    """What :func:`input_hessians` sums per tensor over ``count`` samples (a Conv's sum stops
+    at its own limit; the pass must not run more than ``count``), and what makes the
+    :class:`InputHessians` of those sums (for a pass shared with other statistics:
+    :func:`~mpsearch.recovery._activations.sum_together`)."""
     shared: dict[tuple[str, tuple[object, ...]], list[Node]] = {}
     shapes: dict[tuple[str, tuple[object, ...]], tuple[int, int, int]] = {}
     budget, left_out = HESSIAN_BUDGET_BYTES, 0
@@ -245,8 +258,6 @@ def input_hessians(graph: ModelGraph, data: Dataset, *, samples: int = HESSIAN_S
     for tensor, window in shared:
         by_tensor.setdefault(tensor, []).append(window)
 
-    count = min(samples, len(data))
-
     def reducer(tensor: str) -> Reduce:
         grams = []
         for window in by_tensor[tensor]:
@@ -256,25 +267,26 @@ def input_hessians(graph: ModelGraph, data: Dataset, *, samples: int = HESSIAN_S
                 grams.append(_capped(_conv_gram(node, weight), shape, count))
             else:
                 grams.append(_rows_gram(shape[1]))
+        if len(grams) == 1:
+            return lambda value: grams[0](value).reshape(-1)
         return lambda value: np.concatenate([gram(value).reshape(-1) for gram in grams])
 
-    reduced = reduce_activations(
-        graph, data.take(count), sorted(by_tensor),
-        reduce={tensor: reducer(tensor) for tensor in by_tensor}, combine=np.add,
-        batch_size=batch_size, threads=threads, label=f"{graph.name} (GPTQ Hessians)")
-    hessians: dict[str, np.ndarray] = {}
-    for tensor, windows in by_tensor.items():
-        flat, offset = reduced.summaries[tensor], 0
-        for window in windows:
-            shape = shapes[tensor, window]
-            hessian = flat[offset:offset + int(np.prod(shape))].reshape(shape)
-            offset += hessian.size
-            for node in shared[tensor, window]:
-                hessians[node.name] = hessian
-    logger.info("GPTQ: Hessians of %d nodes on %d samples%s", len(hessians), reduced.samples,
-                f"; {left_out} past the memory budget keep round-to-nearest" if left_out else "")
-    return InputHessians(model_fingerprint=graph.fingerprint, samples=reduced.samples,
-                         hessians=MappingProxyType(hessians))
+    def finish(reduced: Reduced) -> InputHessians:
+        hessians: dict[str, np.ndarray] = {}
+        for tensor, windows in by_tensor.items():
+            flat, offset = reduced.summaries[tensor], 0
+            for window in windows:
+                shape = shapes[tensor, window]
+                hessian = flat[offset:offset + int(np.prod(shape))].reshape(shape)
+                offset += hessian.size
+                for node in shared[tensor, window]:
+                    hessians[node.name] = hessian
+        logger.info("GPTQ: Hessians of %d nodes on %d samples%s", len(hessians),
+                    reduced.samples, f"; {left_out} past the memory budget keep "
+                    "round-to-nearest" if left_out else "")
+        return InputHessians(model_fingerprint=graph.fingerprint, samples=reduced.samples,
+                             hessians=MappingProxyType(hessians))
+    return {tensor: reducer(tensor) for tensor in by_tensor}, finish
 
 
 # -- rounding -------------------------------------------------------------------------------

@@ -23,9 +23,11 @@ from mpsearch.recovery import (
     InputMeans,
     conv_tap_means,
     correct_biases,
+    input_hessians,
     input_means,
     output_shift,
 )
+from mpsearch.recovery._auto import _statistics
 from mpsearch.runtime import create_session
 
 
@@ -215,6 +217,23 @@ def test_the_mean_conv_output_with_quantized_weights_matches_fp32() -> None:
                                "c.b__i32_q") * bias_scale
     assert np.abs(ours + uncorrected - fp32 - graph.initializers["c.b"]).max() > 10 * float(
         bias_scale.max())
+
+
+def test_one_pass_gives_the_means_and_hessians_of_two() -> None:
+    """Small calibration data: bias correction's means and GPTQ's Hessians from one FP32
+    pass, each tensor both read exposed once, equal to their own passes'."""
+    graph, data = load_model(conv_model()), _data(20)
+    means, hessians = _statistics(graph, data, means=True, hessians=True, threads=2)
+    assert means is not None and hessians is not None
+    alone = input_means(graph, data)
+    assert means.samples == alone.samples == 20 and set(means.taps) == {"conv", "gemm"}
+    for node, taps in alone.taps.items():
+        np.testing.assert_allclose(means.taps[node], taps, rtol=1e-12)
+    hessians_alone = input_hessians(graph, data)
+    assert hessians.samples == hessians_alone.samples == 20
+    assert set(hessians.hessians) == set(hessians_alone.hessians) == {"conv", "gemm"}
+    for node, hessian in hessians_alone.hessians.items():
+        np.testing.assert_allclose(hessians.hessians[node], hessian, rtol=1e-6)
 
 
 def test_float_nodes_are_left_alone() -> None:
