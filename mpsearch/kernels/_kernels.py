@@ -91,8 +91,17 @@ def set_threads(threads: int) -> None:
     numba.set_num_threads(max(1, min(int(threads), limit)))
 
 
+def _readonly(x: np.ndarray) -> np.ndarray:
+    """A read-only view of ``x``. Numba types a read-only array apart from a writable one and
+    compiles a kernel anew for it; a model's weights arrive read-only and activations do not,
+    so every input a kernel only reads is passed read-only: one compiled signature each."""
+    view = x.view()
+    view.flags.writeable = False
+    return view
+
+
 def _flat(x: Any) -> np.ndarray:
-    return np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    return _readonly(np.ascontiguousarray(x, dtype=np.float32).reshape(-1))
 
 
 def _hist_scale(lo: float, hi: float, bins: int) -> tuple[np.float32, np.float32]:
@@ -789,7 +798,8 @@ def _channel_view(x: np.ndarray, axis: int, scales: Any, zps: Any) -> tuple[Any,
         raise ValueError(f"{s.size} scales / {z.size} zero points for {channels} channels "
                          f"on axis {axis}; give one per channel")
     outer = int(np.prod(x.shape[:axis], dtype=np.int64))
-    return np.ascontiguousarray(x, dtype=np.float32).reshape(outer, channels, -1), s, z
+    view = np.ascontiguousarray(x, dtype=np.float32).reshape(outer, channels, -1)
+    return _readonly(view), _readonly(s), _readonly(z)
 
 
 @_interruptible
@@ -865,13 +875,14 @@ def _codes_view(x: np.ndarray, axis: int | None, scales: Any, zps: Any) -> tuple
     """``x`` as [outer, channels, inner] (one channel per tensor when ``axis`` is None), the
     scales as float32 and the zero points as float64, one per channel."""
     if axis is None:
-        return (np.ascontiguousarray(x).reshape(1, 1, -1),
-                np.asarray(scales, np.float32).reshape(1), np.asarray(zps, np.float64).reshape(1))
+        return (_readonly(np.ascontiguousarray(x).reshape(1, 1, -1)),
+                _readonly(np.asarray(scales, np.float32).reshape(1)),
+                _readonly(np.asarray(zps, np.float64).reshape(1)))
     view, s, _ = _channel_view(x, axis, scales, np.zeros(x.shape[axis % x.ndim], np.float32))
     z = np.ascontiguousarray(zps, dtype=np.float64).reshape(-1)
     if z.size != s.size:
         raise ValueError(f"{z.size} zero points for {s.size} channels; give one per channel")
-    return view, s, z
+    return view, s, _readonly(z)
 
 
 # ------------------------------------------------------------------ error statistics

@@ -51,6 +51,30 @@ def test_every_jitted_kernel_is_cached_on_disk() -> None:
         assert fn.targetoptions.get("cache") or type(fn._cache).__name__ != "NullCache", fn
 
 
+def test_read_only_and_writable_inputs_share_one_compiled_kernel() -> None:
+    """A model's weights are read-only, activations are not: both reach each kernel as one
+    type, so a search never compiles a kernel a second time for the other."""
+    x = np.random.default_rng(5).standard_normal(1 << 17).astype(np.float32)
+    frozen = x.copy()
+    frozen.flags.writeable = False
+    scales, zeros = np.full(256, 0.01, np.float32), np.zeros(256, np.float32)
+    calls = [
+        (k._error_kernel, lambda a: k.error_stats(a, a)),
+        (k._central_kernel, lambda a: k.central_moments(a, 0.0)),
+        (k._tensor_stats_kernel, lambda a: k.tensor_stats(a, -4.0, 4.0, 64)),
+        (k._fq_kernel, lambda a: k.fake_quantize(a, 0.01, 0.0, -128, 127)),
+        (k._fq_channel_kernel, lambda a: k.fake_quantize_per_channel(
+            a.reshape(256, -1), scales, zeros, 0, -128, 127)),
+        (k._codes_kernel, lambda a: k.quantize_codes(a.reshape(256, -1), scales, zeros, 0,
+                                                     -128, 127, np.int8)),
+    ]
+    for kernel, call in calls:
+        call(x)
+        compiled = set(kernel.signatures)
+        call(frozen)
+        assert set(kernel.signatures) == compiled, kernel
+
+
 # ------------------------------------------------------------------ tensor_stats
 @SETTINGS
 @given(x=arrays, lo=st.floats(-2e4, 1e3), width=st.floats(1e-2, 3e4), bins=st.integers(1, 64))
