@@ -1,5 +1,5 @@
-"""Numba kernels for streaming statistics, fake quantization and GPTQ rounding (the only numba
-importer); a NumPy twin beside each kernel."""
+"""Numba kernels for streaming statistics, fake quantization, weight codes and GPTQ rounding
+(the only numba importer); a NumPy twin beside each kernel."""
 
 from __future__ import annotations
 
