@@ -104,6 +104,12 @@ def _flat(x: Any) -> np.ndarray:
     return _readonly(np.ascontiguousarray(x, dtype=np.float32).reshape(-1))
 
 
+def _chunks(size: int) -> int:
+    """Parallel chunks of a reduction over ``size`` values: at least :data:`_MIN_CHUNK` values
+    each, at most eight per thread."""
+    return max(1, min(size // _MIN_CHUNK, 8 * numba.get_num_threads()))
+
+
 def _hist_scale(lo: float, hi: float, bins: int) -> tuple[np.float32, np.float32]:
     if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo) or bins < 1:
         raise ValueError(f"histogram range [{lo}, {hi}] with {bins} bins is invalid; "
@@ -206,7 +212,7 @@ def tensor_stats(x: Any, lo: float, hi: float, bins: int) -> Stats:
     lo32, scale = _hist_scale(lo, hi, bins)
     if flat.size == 0:
         return math.inf, -math.inf, 0.0, 0.0, np.zeros(bins, np.int64)
-    nchunks = max(1, min(flat.size // _MIN_CHUNK, 8 * numba.get_num_threads()))
+    nchunks = _chunks(flat.size)
     nchunks = max(nchunks, -(-flat.size // (1 << 30)))  # int32 sub-histograms never overflow
     keys, sums, hists = _tensor_stats_kernel(
         flat, flat.view(np.int32), lo32, scale, int(bins), nchunks)
@@ -256,7 +262,7 @@ def central_moments(x: Any, mean: float) -> tuple[float, float, float]:
     """Sums of the 2nd, 3rd and 4th powers of ``x - mean`` (float64), in one parallel pass and
     no temporary: a tensor's skew and kurtosis around the mean :func:`tensor_stats` gave."""
     flat = _flat(x)
-    nchunks = max(1, min(flat.size // _MIN_CHUNK, 8 * numba.get_num_threads()))
+    nchunks = _chunks(flat.size)
     acc = _central_kernel(flat, float(mean), nchunks).sum(axis=0)
     return float(acc[0]), float(acc[1]), float(acc[2])
 
@@ -787,13 +793,14 @@ def fake_quantize_numpy(
     return np.asarray((q - z) * s, dtype=np.float32)
 
 
-def _channel_view(x: np.ndarray, axis: int, scales: Any, zps: Any) -> tuple[Any, ...]:
+def _channel_view(x: np.ndarray, axis: int, scales: Any, zps: Any,
+                  zero_dtype: Any = np.float32) -> tuple[Any, ...]:
     if not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis {axis} is out of range for a {x.ndim}-d array")
     axis %= x.ndim
     channels = x.shape[axis]
     s = np.ascontiguousarray(scales, dtype=np.float32).reshape(-1)
-    z = np.ascontiguousarray(zps, dtype=np.float32).reshape(-1)
+    z = np.ascontiguousarray(zps, dtype=zero_dtype).reshape(-1)
     if s.size != channels or z.size != channels:
         raise ValueError(f"{s.size} scales / {z.size} zero points for {channels} channels "
                          f"on axis {axis}; give one per channel")
@@ -878,11 +885,7 @@ def _codes_view(x: np.ndarray, axis: int | None, scales: Any, zps: Any) -> tuple
         return (_readonly(np.ascontiguousarray(x).reshape(1, 1, -1)),
                 _readonly(np.asarray(scales, np.float32).reshape(1)),
                 _readonly(np.asarray(zps, np.float64).reshape(1)))
-    view, s, _ = _channel_view(x, axis, scales, np.zeros(x.shape[axis % x.ndim], np.float32))
-    z = np.ascontiguousarray(zps, dtype=np.float64).reshape(-1)
-    if z.size != s.size:
-        raise ValueError(f"{z.size} zero points for {s.size} channels; give one per channel")
-    return view, s, _readonly(z)
+    return _channel_view(x, axis, scales, zps, zero_dtype=np.float64)
 
 
 # ------------------------------------------------------------------ error statistics
@@ -944,7 +947,7 @@ def _pair(ref: Any, test: Any) -> tuple[np.ndarray, np.ndarray]:
 def error_stats(ref: Any, test: Any) -> tuple[float, float, float, float]:
     """(MSE, SQNR in dB, cosine similarity, max abs error) of ``test`` against ``ref``."""
     r, t = _pair(ref, test)
-    nchunks = max(1, min(r.size // _MIN_CHUNK, 8 * numba.get_num_threads()))
+    nchunks = _chunks(r.size)
     acc = _error_kernel(r, t, nchunks)
     dd, rr, tt, rt = (float(v) for v in acc[:, :4].sum(axis=0))
     return _error_figures(r.size, dd, rr, tt, rt, float(acc[:, 4].max()))

@@ -176,8 +176,13 @@ def output_shift(node: Node, delta: np.ndarray, taps: np.ndarray) -> np.ndarray:
     return shift
 
 
+def _of_constants(inits: Mapping[str, onnx.TensorProto], dq: onnx.NodeProto) -> bool:
+    """Whether ``dq`` dequantizes initializers only (codes, scale and any zero point)."""
+    return len(dq.input) >= 2 and all(t in inits for t in dq.input if t)
+
+
 def _dequantize(inits: Mapping[str, onnx.TensorProto], dq: onnx.NodeProto) -> np.ndarray | None:
-    if len(dq.input) < 2 or any(t not in inits for t in dq.input if t):
+    if not _of_constants(inits, dq):
         return None
     codes = numpy_helper.to_array(inits[dq.input[0]]).astype(np.float64)
     scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64)
@@ -250,7 +255,7 @@ def _weight_key(inits: Mapping[str, onnx.TensorProto], name: str, dq: onnx.NodeP
                 ) -> tuple[str, bytes] | None:
     """(``name``, a digest of the constants ``dq`` reads and its axis); None when it reads
     anything else."""
-    if len(dq.input) < 2 or any(t not in inits for t in dq.input if t):
+    if not _of_constants(inits, dq):
         return None
     digest = hashlib.blake2b(digest_size=16)
     for tensor in dq.input:
